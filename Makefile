@@ -1,0 +1,33 @@
+# Two commands do everything on a fresh machine:
+#   make demo   - install into .venv and run the embedded end-to-end demo
+#   make test   - install into .venv and run the whole test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+
+.PHONY: install demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/poolctl demo $(ARGS)
+
+test: install
+	$(PY) -m pytest $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy poolkeeper store board tasks beat_schedule.py
+
+bench: install
+	$(PY) bench/store_bench.py
+	$(PY) bench/storm.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

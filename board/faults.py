@@ -1,0 +1,55 @@
+"""Fault injection for the demo and the fault tests: a board that is sometimes busy.
+
+Wraps any ``Board``. A call fails with ``TransientError`` (as a locked SQLite
+board would) at ``busy_rate``, and always for the poisoned task ids. It is
+enabled only through the ``POOL_CHAOS_*`` settings.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from board.protocol import Board, BoardTask, Claim
+from poolkeeper.errors import TransientError
+
+
+class FlakyBoard:
+    def __init__(self, inner: Board, *, busy_rate: float = 0.0,
+                 poison: frozenset[str] = frozenset(), rng: random.Random | None = None) -> None:
+        self.inner = inner
+        self.busy_rate = busy_rate
+        self.poison = poison
+        self.rng = rng or random.Random()
+
+    def _maybe_fail(self, task_id: str | None = None) -> None:
+        if task_id is not None and task_id in self.poison:
+            raise TransientError(f"board: task {task_id} is poisoned (chaos)")
+        if self.busy_rate and self.rng.random() < self.busy_rate:
+            raise TransientError("board: database is locked (chaos)")
+
+    def list_boards(self, include_archived: bool = False) -> list[str]:
+        self._maybe_fail()
+        return self.inner.list_boards(include_archived)
+
+    def running_tasks(self, board: str) -> list[BoardTask]:
+        self._maybe_fail()
+        return self.inner.running_tasks(board)
+
+    def get_task(self, board: str, task_id: str) -> BoardTask | None:
+        self._maybe_fail(task_id)
+        return self.inner.get_task(board, task_id)
+
+    def claim_ready(self, limit: int, *, assignee: str, lane: str) -> list[Claim]:
+        self._maybe_fail()
+        return self.inner.claim_ready(limit, assignee=assignee, lane=lane)
+
+    def block_task(self, board: str, task_id: str, reason: str, kind: str,
+                   expected_run_id: int) -> bool:
+        self._maybe_fail(task_id)
+        return self.inner.block_task(board, task_id, reason, kind, expected_run_id)
+
+    def complete_task(self, board: str, task_id: str, expected_run_id: int,
+                      result: dict[str, Any]) -> bool:
+        self._maybe_fail(task_id)
+        return self.inner.complete_task(board, task_id, expected_run_id, result)

@@ -1,0 +1,71 @@
+"""Tables of the built-in Kanban board: boards, tasks, and one run per claim."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    Float,
+    ForeignKeyConstraint,
+    Index,
+    MetaData,
+    String,
+    Table,
+    Text,
+    false,
+)
+
+from board.protocol import TaskStatus
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+_STATUSES = ", ".join(f"'{s.value}'" for s in TaskStatus)
+
+boards = Table(
+    "boards", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("archived", Boolean, nullable=False, server_default=false()),
+    Column("created_at", Float, nullable=False),
+)
+
+tasks = Table(
+    "tasks", metadata,
+    Column("board", String(64), primary_key=True),
+    Column("id", String(128), primary_key=True),
+    Column("title", Text, nullable=False),
+    Column("body", Text, nullable=False, server_default=""),
+    Column("status", String(16), nullable=False),
+    Column("assignee", String(64)),
+    Column("current_run_id", BigInteger),
+    Column("lane", String(64), nullable=False),
+    Column("block_reason", Text),
+    Column("block_kind", String(32)),
+    Column("result", Text),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    ForeignKeyConstraint(["board"], ["boards.name"], name="fk_tasks_board"),
+    CheckConstraint(f"status IN ({_STATUSES})", name="status"),
+    CheckConstraint("status <> 'running' OR current_run_id IS NOT NULL", name="running_has_run"),
+    Index("ix_tasks_board_status", "board", "status"),
+    Index("ix_tasks_status_lane", "status", "lane", "created_at"),
+)
+
+runs = Table(
+    "runs", metadata,
+    Column("board", String(64), primary_key=True),
+    Column("task_id", String(128), primary_key=True),
+    Column("run_id", BigInteger, primary_key=True),
+    Column("assignee", String(64)),
+    Column("outcome", String(16), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float),
+    CheckConstraint("outcome IN ('running', 'done', 'blocked', 'cancelled', 'moved')", name="outcome"),
+)

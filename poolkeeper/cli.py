@@ -1,0 +1,206 @@
+"""``poolctl``: the operator's command line.
+
+A user mistake (a bad setting, an unknown row or board, malformed input) is
+one clear line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from board import KanbanBoard, TaskStatus
+from poolkeeper.errors import InvalidInput, NotFound, PoolError, SettingsError, TransientError
+from poolkeeper.settings import Settings
+from store import PoolStore, queries, transitions
+from store.models import RowState
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__,
+                  pretty_exceptions_enable=False)
+board_app = typer.Typer(no_args_is_help=True, help="The built-in Kanban board.")
+app.add_typer(board_app, name="board")
+out = Console()
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")]
+
+
+def _settings() -> Settings:
+    return Settings.from_env()
+
+
+def _store() -> PoolStore:
+    return PoolStore(_settings())
+
+
+def _kanban() -> KanbanBoard:
+    return KanbanBoard(_settings().board_url)
+
+
+def _emit(data: Any, table: Table | str, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    else:
+        out.print(table)
+
+
+@app.command()
+def init() -> None:
+    """Create or migrate the pool store and the board (a no-op when current)."""
+    store, kanban = _store(), _kanban()
+    store.migrate()
+    kanban.migrate()
+    out.print(f"pool store ready: {store.settings.database_url}")
+    out.print(f"board ready:      {store.settings.board_url}")
+
+
+@app.command()
+def status(as_json: JsonOpt = False) -> None:
+    """Rows by state, free ordinals, oldest lease_failed, quarantined, board tasks by status."""
+    store = _store()
+    now = time.time()
+    with store.session(readonly=True) as s:
+        counts = queries.counts_by_state(s)
+        free = queries.free_ordinals(s, store.settings.pool_size)
+        oldest = queries.oldest_in_state(s, RowState.LEASE_FAILED)
+        quarantined = queries.quarantined_count(s)
+    board_counts = _kanban().counts_by_status()
+    data = {
+        "rows": counts,
+        "pool_size": store.settings.pool_size,
+        "free_ordinals": free,
+        "oldest_lease_failed_seconds": None if oldest is None else round(now - oldest, 1),
+        "quarantined": quarantined,
+        "board": board_counts,
+    }
+    table = Table(title="poolkeeper", show_header=False)
+    for state, n in counts.items():
+        table.add_row(f"rows {state}", str(n))
+    table.add_row("free ordinals", f"{len(free)}/{store.settings.pool_size} {free}")
+    table.add_row("oldest lease_failed", "-" if oldest is None else f"{now - oldest:.0f}s ago")
+    table.add_row("quarantined", str(quarantined))
+    for st, n in board_counts.items():
+        table.add_row(f"board {st}", str(n))
+    _emit(data, table, as_json)
+
+
+def _row_dict(row: Any) -> dict[str, Any]:
+    return {
+        "id": row.id, "board": row.board, "task_id": row.task_id, "run_id": row.run_id,
+        "ordinal": row.ordinal, "state": row.state, "attempt": row.attempt, "fence": row.fence,
+        "lease_until": row.lease_until, "updated_at": row.updated_at, "failures": row.failures,
+        "last_error": row.last_error, "next_attempt_at": row.next_attempt_at,
+        "quarantined": bool(row.quarantined),
+    }
+
+
+@app.command()
+def rows(
+    state: Annotated[str | None, typer.Option(help="Only rows in this state.")] = None,
+    quarantined: Annotated[bool, typer.Option("--quarantined", help="Only quarantined rows.")] = False,
+    limit: Annotated[int, typer.Option(min=1)] = 1000,
+    as_json: JsonOpt = False,
+) -> None:
+    """List pool rows."""
+    want = None
+    if state is not None:
+        try:
+            want = RowState(state)
+        except ValueError:
+            raise InvalidInput("--state", f"unknown state {state!r}; one of "
+                               + ", ".join(s.value for s in RowState)) from None
+    with _store().session(readonly=True) as s:
+        found = [_row_dict(r) for r in queries.rows(s, state=want, quarantined=quarantined, limit=limit)]
+    table = Table("id", "board/task", "run", "ord", "state", "att", "fence", "failures", "last error")
+    for r in found:
+        table.add_row(str(r["id"]), f"{r['board']}/{r['task_id']}", str(r["run_id"]),
+                      str(r["ordinal"]), r["state"] + (" (Q)" if r["quarantined"] else ""),
+                      str(r["attempt"]), str(r["fence"] or "-"), str(r["failures"]),
+                      (r["last_error"] or "")[:60])
+    _emit(found, table, as_json)
+
+
+@app.command()
+def requeue(row: Annotated[int, typer.Argument(help="Row id (see `poolctl rows`).")]) -> None:
+    """Clear a row's backoff and quarantine so the next scan retries it now."""
+    with _store().session() as s:
+        got = transitions.requeue(s, row)
+    out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}, {got.state}) requeued")
+
+
+# --- board ---------------------------------------------------------------------
+
+
+@board_app.command("add")
+def board_add(
+    board: str,
+    title: str,
+    body: Annotated[str, typer.Option(help="Task body.")] = "",
+    lane: Annotated[str, typer.Option(help="Lane; only 'pool' tasks are claimed.")] = "pool",
+    task_id: Annotated[str | None, typer.Option("--id", help="Task id (default: generated).")] = None,
+) -> None:
+    """Add a ready task."""
+    out.print(_kanban().add_task(board, title, body, lane=lane, task_id=task_id))
+
+
+@board_app.command("list")
+def board_list(
+    board: Annotated[str | None, typer.Argument()] = None,
+    status_: Annotated[str | None, typer.Option("--status")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List tasks."""
+    kanban = _kanban()
+    if board is not None and not kanban.has_board(board):
+        raise NotFound(f"{board}: no such board")
+    want = None
+    if status_ is not None:
+        try:
+            want = TaskStatus(status_)
+        except ValueError:
+            raise InvalidInput("--status", f"unknown status {status_!r}") from None
+    found = kanban.list_tasks(board, want)
+    data = [{"board": t.board, "id": t.id, "title": t.title, "status": t.status.value,
+             "lane": t.lane, "assignee": t.assignee, "run_id": t.current_run_id,
+             "block_reason": t.block_reason, "result": t.result} for t in found]
+    table = Table("board", "id", "title", "status", "lane", "run", "block reason")
+    for t in found:
+        table.add_row(t.board, t.id, t.title[:40], t.status.value, t.lane,
+                      str(t.current_run_id or "-"), t.block_reason or "")
+    _emit(data, table, as_json)
+
+
+@board_app.command("cancel")
+def board_cancel(board: str, task_id: str) -> None:
+    """End a task for good (done, result {"cancelled": true})."""
+    task = _kanban().cancel_task(board, task_id)
+    out.print(f"{board}/{task_id} cancelled ({task.status.value})")
+
+
+@board_app.command("unblock")
+def board_unblock(board: str, task_id: str) -> None:
+    """Put a parked task back to ready."""
+    _kanban().unblock_task(board, task_id)
+    out.print(f"{board}/{task_id} ready")
+
+
+def main() -> None:
+    """Entry point: user mistakes become one line and exit code 2."""
+    try:
+        app()  # standalone: click reports usage errors itself (exit 2)
+    except (SettingsError, InvalidInput, NotFound) as e:
+        _fail(str(e), 2)
+    except TransientError as e:
+        _fail(f"busy, try again: {e}", 75)
+    except PoolError as e:
+        _fail(str(e), 1)
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"poolctl: {message}", file=sys.stderr)
+    sys.exit(code)

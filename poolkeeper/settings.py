@@ -1,0 +1,158 @@
+"""One validated settings object, read from ``POOL_*`` environment variables.
+
+Every field documents its variable and default next to it. ``Settings.from_env``
+rejects a bad value at start-up with a message naming the variable, so a typo in
+a deployment fails loudly before any row is touched.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+from poolkeeper.errors import SettingsError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Settings:
+    # POOL_DATABASE_URL: the pool store (SQLAlchemy URL; SQLite file or PostgreSQL).
+    database_url: str = "sqlite:///pool.db"
+    # POOL_BOARD_URL: the built-in Kanban board's database.
+    board_url: str = "sqlite:///board.db"
+    # POOL_REDIS_URL: broker and lock server; empty means "none configured"
+    # (the demo then starts an embedded redis-server).
+    redis_url: str = ""
+    # POOL_SIZE: number of worker ordinals 0..N-1.
+    pool_size: int = 3
+    # POOL_LEASE_SECONDS: lease granted by offer and extended by each heartbeat.
+    lease_seconds: float = 90.0
+    # POOL_MAX_ATTEMPTS: fenced attempts before a row becomes lease_failed.
+    max_attempts: int = 3
+    # POOL_RETENTION_SECONDS: terminal rows and delivery records older than this are collected.
+    retention_seconds: float = 7 * 24 * 3600.0
+    # POOL_LANE / POOL_ASSIGNEE: the board lane the pool serves and the assignee it claims as.
+    lane: str = "pool"
+    assignee: str = "poolkeeper"
+    # POOL_QUARANTINE_AFTER: consecutive maintenance failures before a row is quarantined.
+    quarantine_after: int = 5
+    # POOL_BACKOFF_BASE_SECONDS / POOL_BACKOFF_MAX_SECONDS: exponential backoff with jitter.
+    backoff_base_seconds: float = 2.0
+    backoff_max_seconds: float = 300.0
+    # POOL_QUARANTINE_RETRY_SECONDS: how often a quarantined row is still retried.
+    quarantine_retry_seconds: float = 900.0
+    # POOL_TRANSIENT_RETRIES: Celery retries of one row for a transient error.
+    transient_retries: int = 5
+    # POOL_TICK_SECONDS: beat interval of the fast scanners (expire, results,
+    # lease failures, dispatch).
+    tick_seconds: float = 5.0
+    # POOL_RECONCILE_SECONDS / POOL_GC_SECONDS: beat intervals of the slow passes.
+    reconcile_seconds: float = 30.0
+    gc_seconds: float = 3600.0
+    # POOL_SCAN_LIMIT: due rows one scanner tick enqueues at most.
+    scan_limit: int = 2000
+    # POOL_BATCH_SIZE: row keys per message (each row keeps its own lock and transaction).
+    batch_size: int = 50
+    # POOL_GC_BATCH: rows deleted per GC transaction.
+    gc_batch: int = 500
+    # POOL_TASK_TIME_LIMIT: hard Celery time limit per message; the soft limit is 80% of it.
+    task_time_limit: float = 120.0
+    # POOL_VISIBILITY_TIMEOUT: broker redelivery timeout; must exceed every countdown.
+    visibility_timeout: float = 3600.0
+    # POOL_METRICS_PORT: Prometheus exporter port of a worker (0 = off).
+    metrics_port: int = 0
+    # POOL_HTTP_HOST / POOL_HTTP_PORT: `poolctl serve`, the worker HTTP API.
+    http_host: str = "127.0.0.1"
+    http_port: int = 8700
+    # POOL_CHAOS_BOARD_BUSY_RATE: fraction of board calls failing as "busy" (demo, fault tests).
+    chaos_board_busy_rate: float = 0.0
+    # POOL_CHAOS_POISON_TASKS: comma-separated task ids whose every board call fails.
+    chaos_poison_tasks: str = ""
+
+    def __post_init__(self) -> None:
+        _check(self.pool_size, "POOL_SIZE", lambda v: 1 <= v <= 100_000, "between 1 and 100000")
+        _check(self.lease_seconds, "POOL_LEASE_SECONDS", lambda v: 0 < v <= 86400, "in (0, 86400]")
+        _check(self.max_attempts, "POOL_MAX_ATTEMPTS", lambda v: 1 <= v <= 100, "between 1 and 100")
+        _check(self.retention_seconds, "POOL_RETENTION_SECONDS", lambda v: v >= 3600, ">= 3600")
+        _check(self.quarantine_after, "POOL_QUARANTINE_AFTER", lambda v: v >= 1, ">= 1")
+        _check(self.backoff_base_seconds, "POOL_BACKOFF_BASE_SECONDS", lambda v: v > 0, "> 0")
+        _check(
+            self.backoff_max_seconds,
+            "POOL_BACKOFF_MAX_SECONDS",
+            lambda v: v >= self.backoff_base_seconds,
+            ">= POOL_BACKOFF_BASE_SECONDS",
+        )
+        _check(self.quarantine_retry_seconds, "POOL_QUARANTINE_RETRY_SECONDS", lambda v: v > 0, "> 0")
+        _check(self.transient_retries, "POOL_TRANSIENT_RETRIES", lambda v: v >= 0, ">= 0")
+        _check(self.tick_seconds, "POOL_TICK_SECONDS", lambda v: v > 0, "> 0")
+        _check(self.reconcile_seconds, "POOL_RECONCILE_SECONDS", lambda v: v > 0, "> 0")
+        _check(self.gc_seconds, "POOL_GC_SECONDS", lambda v: v > 0, "> 0")
+        _check(self.scan_limit, "POOL_SCAN_LIMIT", lambda v: v >= 1, ">= 1")
+        _check(self.batch_size, "POOL_BATCH_SIZE", lambda v: 1 <= v <= 1000, "between 1 and 1000")
+        _check(self.gc_batch, "POOL_GC_BATCH", lambda v: v >= 1, ">= 1")
+        _check(self.task_time_limit, "POOL_TASK_TIME_LIMIT", lambda v: v >= 1, ">= 1")
+        longest_countdown = max(self.backoff_max_seconds, self.quarantine_retry_seconds)
+        _check(
+            self.visibility_timeout,
+            "POOL_VISIBILITY_TIMEOUT",
+            lambda v: v > max(longest_countdown, self.task_time_limit),
+            "greater than POOL_BACKOFF_MAX_SECONDS, POOL_QUARANTINE_RETRY_SECONDS "
+            "and POOL_TASK_TIME_LIMIT",
+        )
+        _check(self.metrics_port, "POOL_METRICS_PORT", lambda v: 0 <= v <= 65535, "a port or 0")
+        _check(self.http_port, "POOL_HTTP_PORT", lambda v: 0 <= v <= 65535, "a port")
+        _check(self.chaos_board_busy_rate, "POOL_CHAOS_BOARD_BUSY_RATE", lambda v: 0 <= v < 1, "in [0, 1)")
+        for name in ("database_url", "board_url"):
+            if not getattr(self, name):
+                raise SettingsError(f"{_var(name)}: must not be empty")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read every field from ``POOL_<FIELD>``; ``overrides`` win over the environment."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(_var(f.name))
+            if raw is None:
+                continue
+            kind = type(f.default)
+            values[f.name] = _parse(raw.strip(), kind, _var(f.name))
+        values.update(overrides)
+        return cls(**values)
+
+    @property
+    def lock_ttl_seconds(self) -> float:
+        """A row lock outlives the hard time limit, so a live holder never loses it."""
+        return self.task_time_limit + 30.0
+
+    @property
+    def poison_tasks(self) -> frozenset[str]:
+        return frozenset(t.strip() for t in self.chaos_poison_tasks.split(",") if t.strip())
+
+    def env(self) -> dict[str, str]:
+        """The ``POOL_*`` variables that reproduce these settings in a child process."""
+        return {_var(f.name): str(getattr(self, f.name)) for f in fields(self)}
+
+
+def _var(field_name: str) -> str:
+    special = {"pool_size": "POOL_SIZE"}
+    return special.get(field_name, "POOL_" + field_name.upper())
+
+
+def _parse(raw: str, kind: type, var: str) -> Any:
+    try:
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+    except ValueError:
+        raise SettingsError(f"{var}: expected {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+    return raw
+
+
+def _check(value: T, var: str, ok: Callable[[T], bool], expected: str) -> None:
+    if not ok(value):
+        raise SettingsError(f"{var}: must be {expected}, got {value!r}")

@@ -1,0 +1,68 @@
+"""The durable pool store: one row per claimed board run (see ``store.models``).
+
+``PoolStore`` is the pool worker protocol as a Python API (offer, heartbeat,
+accept_result), each call one short transaction. The maintenance passes use
+``store.transitions`` and ``store.queries`` directly inside their own session.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from poolkeeper import db
+from poolkeeper.settings import Settings
+from store import transitions
+from store.models import metadata
+from store.transitions import Offer
+from store.envelope import Envelope
+
+__all__ = ["Envelope", "Offer", "PoolStore"]
+
+
+class PoolStore:
+    def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
+        self.settings = settings
+        self.engine = engine or db.make_engine(settings.database_url)
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema; a no-op when it is current."""
+        db.migrate(self.engine, "store", metadata)
+
+    @contextmanager
+    def session(self, *, readonly: bool = False) -> Iterator[Session]:
+        engine = db.readonly(self.engine) if readonly else self.engine
+        with db.transaction(engine, "pool store") as s:
+            yield s
+
+    def offer(self, ordinal: int, *, now: float | None = None) -> Offer | None:
+        with self.session() as s:
+            return transitions.offer(s, ordinal, settings=self.settings, now=_now(now))
+
+    def heartbeat(self, envelope: Mapping[str, Any], *, now: float | None = None
+                  ) -> Literal["applied", "duplicate"]:
+        env = Envelope.parse(envelope, pool_size=self.settings.pool_size, with_result=False)
+        with self.session() as s:
+            return transitions.heartbeat(s, env, settings=self.settings, now=_now(now))
+
+    def accept_result(self, envelope: Mapping[str, Any], *, now: float | None = None
+                      ) -> Literal["applied", "duplicate"]:
+        env = Envelope.parse(envelope, pool_size=self.settings.pool_size, with_result=True)
+        with self.session() as s:
+            return transitions.accept_result(s, env, now=_now(now))
+
+    def add_run(self, *, board: str, task_id: str, run_id: int, ordinal: int,
+                payload: dict[str, Any], now: float | None = None) -> Literal["added", "duplicate"]:
+        with self.session() as s:
+            return transitions.add_run(s, board=board, task_id=task_id, run_id=run_id,
+                                       ordinal=ordinal, payload=payload,
+                                       pool_size=self.settings.pool_size, now=_now(now))
+
+
+def _now(now: float | None) -> float:
+    return time.time() if now is None else now

@@ -1,0 +1,72 @@
+"""The envelope a pool worker sends with a heartbeat or a result, checked field by field."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from poolkeeper.errors import InvalidInput
+from poolkeeper.validate import canonical_json, digest_field, document, integer, name, sha256
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What a pool worker sends with a heartbeat or a result (SPEC: pool worker protocol)."""
+
+    delivery_id: str
+    board: str
+    task_id: str
+    run_id: int
+    worker_ordinal: int
+    attempt: int
+    fence: int
+    payload_digest: str
+    result: str | None = None  # canonical JSON of the result, for results only
+
+    @classmethod
+    def parse(cls, data: object, *, pool_size: int, with_result: bool) -> Envelope:
+        if not isinstance(data, Mapping):
+            raise InvalidInput("envelope", f"expected a JSON object, got {type(data).__name__}")
+        required = [
+            "delivery_id", "board", "task_id", "run_id",
+            "worker_ordinal", "attempt", "fence", "payload_digest",
+        ] + (["payload"] if with_result else [])
+        for key in required:
+            if key not in data:
+                raise InvalidInput(key, "missing")
+        extra = set(data) - set(required)
+        if extra:
+            raise InvalidInput(sorted(extra)[0], "unknown field")
+        result = None
+        if with_result:
+            result = document("payload", data["payload"])
+            _check_result_shape(data["payload"])
+        return cls(
+            delivery_id=name("delivery_id", data["delivery_id"], 128),
+            board=name("board", data["board"], 64),
+            task_id=name("task_id", data["task_id"], 128),
+            run_id=integer("run_id", data["run_id"], 1),
+            worker_ordinal=integer("worker_ordinal", data["worker_ordinal"], 0, pool_size - 1),
+            attempt=integer("attempt", data["attempt"], 1),
+            fence=integer("fence", data["fence"], 1),
+            payload_digest=digest_field("payload_digest", data["payload_digest"]),
+            result=result,
+        )
+
+    def digest(self) -> str:
+        """What makes a replay "the same delivery": everything but the delivery id."""
+        return sha256(
+            canonical_json(
+                [self.board, self.task_id, self.run_id, self.worker_ordinal,
+                 self.attempt, self.fence, self.payload_digest, self.result]
+            )
+        )
+
+
+def _check_result_shape(payload: Mapping[str, Any]) -> None:
+    status = payload.get("status")
+    if status not in ("done", "blocked"):
+        raise InvalidInput("payload.status", f"must be 'done' or 'blocked', got {status!r}")
+    if status == "blocked" and not isinstance(payload.get("reason"), str):
+        raise InvalidInput("payload.reason", "a blocked result needs a reason (string)")

@@ -1,0 +1,82 @@
+"""Read-only questions the passes and the operator ask: due rows, free ordinals, counts.
+
+Scanner queries are indexed (see ``store.models``), bounded by ``LIMIT`` and
+skip rows whose maintenance backoff has not run out yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import func, select, tuple_
+from sqlalchemy.orm import Session
+
+from store.models import LIVE_STATES, Assignment, RowState
+
+A = Assignment
+_LIVE = [s.value for s in LIVE_STATES]
+
+
+def due_expired(s: Session, *, now: float, limit: int) -> list[int]:
+    """``running`` rows whose lease ended (``0 < lease_until < now``), oldest lease first."""
+    stmt = (select(A.id).where(A.state == RowState.RUNNING.value, A.lease_until > 0,
+                               A.lease_until < now, A.next_attempt_at <= now)
+            .order_by(A.lease_until).limit(limit))
+    return list(s.scalars(stmt))
+
+
+def due_in_state(s: Session, state: RowState, *, now: float, limit: int) -> list[int]:
+    """Rows in ``state`` whose backoff has run out, longest waiting first."""
+    stmt = (select(A.id).where(A.state == state.value, A.next_attempt_at <= now)
+            .order_by(A.next_attempt_at, A.id).limit(limit))
+    return list(s.scalars(stmt))
+
+
+def free_ordinals(s: Session, pool_size: int) -> list[int]:
+    held = set(s.scalars(select(A.ordinal).where(A.state.in_(_LIVE))))
+    return [o for o in range(pool_size) if o not in held]
+
+
+def live_rows_of_board(s: Session, board: str) -> list[Assignment]:
+    return list(s.scalars(select(A).where(A.board == board, A.state.in_(_LIVE)).order_by(A.id)))
+
+
+def known_runs(s: Session, board: str, runs: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
+    """Which of ``(task_id, run_id)`` already have a row, in any state."""
+    wanted = list(runs)
+    if not wanted:
+        return set()
+    stmt = select(A.task_id, A.run_id).where(A.board == board,
+                                              tuple_(A.task_id, A.run_id).in_(wanted))
+    return {(t, r) for t, r in s.execute(stmt)}
+
+
+def has_run(s: Session, board: str, task_id: str, run_id: int) -> bool:
+    stmt = select(A.id).where(A.board == board, A.task_id == task_id, A.run_id == run_id)
+    return s.scalar(stmt) is not None
+
+
+def counts_by_state(s: Session) -> dict[str, int]:
+    counts = {state.value: 0 for state in RowState}
+    for state, n in s.execute(select(A.state, func.count()).group_by(A.state)):
+        counts[state] = n
+    return counts
+
+
+def quarantined_count(s: Session) -> int:
+    return s.scalar(select(func.count()).select_from(A).where(A.quarantined)) or 0
+
+
+def oldest_in_state(s: Session, state: RowState) -> float | None:
+    """When the longest-waiting row in ``state`` got there (its last change)."""
+    return s.scalar(select(func.min(A.updated_at)).where(A.state == state.value))
+
+
+def rows(s: Session, *, state: RowState | None = None, quarantined: bool = False,
+         limit: int = 1000) -> Sequence[Assignment]:
+    stmt = select(A).order_by(A.id).limit(limit)
+    if state is not None:
+        stmt = stmt.where(A.state == state.value)
+    if quarantined:
+        stmt = stmt.where(A.quarantined)
+    return list(s.scalars(stmt))

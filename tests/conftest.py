@@ -1,0 +1,133 @@
+"""Shared fixtures: real SQLite files in tmp_path, PostgreSQL where reachable, a fixed clock.
+
+PostgreSQL: ``POOL_TEST_POSTGRES_URL`` (default: the local server, database
+``test``). Without a server the PostgreSQL cases are skipped with the reason;
+under CI (``CI=true``) a missing server is an error instead, since CI must
+run them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from board import KanbanBoard
+from poolkeeper.settings import Settings
+from store import PoolStore
+from poolkeeper.validate import canonical_json, sha256
+from store.models import Assignment, RowState
+
+NOW = 1_800_000_000.0  # the fixed clock of the unit tests
+PG_URL = os.environ.get("POOL_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _postgres_database() -> str | None:
+    """A fresh database on the test server for this run, or None when none answers."""
+    try:
+        admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+        name = f"poolkeeper_test_{uuid.uuid4().hex[:8]}"
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {name}"))
+        admin.dispose()
+    except Exception as err:
+        if os.environ.get("CI") == "true":
+            raise RuntimeError(f"CI needs PostgreSQL at {PG_URL}: {err}") from err
+        return None
+    return PG_URL.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    url = _postgres_database()
+    if url is None:
+        pytest.skip(f"no PostgreSQL server answers at {PG_URL}")
+    yield url
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]} WITH (FORCE)"))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
+    """The store's database: a SQLite file, then the same tests on PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/pool.db"
+        return
+    url: str = request.getfixturevalue("postgres_url")
+    yield url
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        for table in ("assignments", "deliveries", "runs", "tasks", "boards"):
+            conn.execute(text(f"DROP TABLE IF EXISTS {table} CASCADE"))
+        conn.execute(text("DROP TABLE IF EXISTS fence_sequence, store_alembic_version, "
+                          "board_alembic_version CASCADE"))
+    engine.dispose()
+
+
+@pytest.fixture
+def settings(backend_url: str) -> Settings:
+    return Settings(database_url=backend_url, board_url=backend_url, pool_size=3,
+                    lease_seconds=30, max_attempts=3, retention_seconds=3600,
+                    quarantine_after=3, backoff_base_seconds=1, backoff_max_seconds=8)
+
+
+@pytest.fixture
+def store(settings: Settings) -> Iterator[PoolStore]:
+    st = PoolStore(settings)
+    st.migrate()
+    yield st
+    st.engine.dispose()
+
+
+@pytest.fixture
+def kanban(settings: Settings) -> Iterator[KanbanBoard]:
+    kb = KanbanBoard(settings.board_url)
+    kb.migrate()
+    yield kb
+    kb.engine.dispose()
+
+
+RowFactory = Callable[..., int]
+
+
+@pytest.fixture
+def make_row(store: PoolStore) -> RowFactory:
+    """Given a row in ``state`` on ``ordinal``; the schema's CHECKs still apply."""
+    counter = iter(range(1, 1_000_000))
+
+    def make(state: RowState = RowState.ASSIGNED, *, ordinal: int = 0, attempt: int = 1,
+             lease_until: float | None = None, updated_at: float = NOW, board: str = "b",
+             task_id: str | None = None, run_id: int = 1) -> int:
+        n = next(counter)
+        task = task_id or f"t{n}"
+        terminal = state in (RowState.FINALIZED, RowState.STALE)
+        payload = canonical_json({"title": task})
+        row = Assignment(
+            board=board, task_id=task, run_id=run_id, ordinal=ordinal, state=state.value,
+            attempt=attempt, payload=None if terminal else payload, payload_digest=sha256(payload),
+            created_at=updated_at, updated_at=updated_at,
+        )
+        if state is not RowState.ASSIGNED:
+            row.fence = n
+            row.lease_until = NOW + 30 if lease_until is None else lease_until
+        if state is RowState.RESULT:
+            row.result, row.result_digest = '{"status":"done"}', "0" * 64
+        with store.session() as s:
+            s.add(row)
+            s.flush()
+            return row.id
+
+    return make
+
+
+def row_state(store: PoolStore, row_id: int) -> dict[str, Any]:
+    with store.session(readonly=True) as s:
+        row = s.execute(text("SELECT * FROM assignments WHERE id = :id"), {"id": row_id}).mappings().first()
+    assert row is not None, f"row {row_id} is gone"
+    return dict(row)

@@ -1,0 +1,270 @@
+"""Each store transition: fixed clock, one unit either side of every cutoff, lost races reported."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from poolkeeper.errors import (
+    DeliveryConflict,
+    DuplicateIdentity,
+    InvalidInput,
+    LostRace,
+    NotFound,
+    OrdinalTaken,
+    StaleHolder,
+)
+from store import PoolStore, queries, transitions
+from store.models import RowState
+from store.transitions import Offer
+from tests.conftest import NOW, RowFactory, row_state
+
+
+def envelope(offer: Offer, delivery_id: str = "d1", **over: Any) -> dict[str, Any]:
+    env = {"delivery_id": delivery_id, "board": offer.board, "task_id": offer.task_id,
+           "run_id": offer.run_id, "worker_ordinal": offer.ordinal, "attempt": offer.attempt,
+           "fence": offer.fence, "payload_digest": offer.payload_digest}
+    env.update(over)
+    return env
+
+
+def given_running(store: PoolStore, ordinal: int = 0, task_id: str = "t1") -> Offer:
+    store.add_run(board="b", task_id=task_id, run_id=1, ordinal=ordinal,
+                  payload={"title": task_id}, now=NOW)
+    offer = store.offer(ordinal, now=NOW)
+    assert offer is not None
+    return offer
+
+
+# --- add -------------------------------------------------------------------
+
+
+def test_add_then_identical_add_is_a_noop(store: PoolStore) -> None:
+    assert store.add_run(board="b", task_id="t", run_id=1, ordinal=0, payload={"a": 1}, now=NOW) == "added"
+    assert store.add_run(board="b", task_id="t", run_id=1, ordinal=0, payload={"a": 1}, now=NOW) == "duplicate"
+    with store.session() as s:
+        assert queries.counts_by_state(s)["assigned"] == 1
+
+
+def test_conflicting_duplicate_and_taken_ordinal_are_protocol_errors(store: PoolStore) -> None:
+    store.add_run(board="b", task_id="t", run_id=1, ordinal=0, payload={"a": 1}, now=NOW)
+    with pytest.raises(DuplicateIdentity):
+        store.add_run(board="b", task_id="t", run_id=1, ordinal=1, payload={"a": 1}, now=NOW)
+    with pytest.raises(OrdinalTaken):
+        store.add_run(board="b", task_id="other", run_id=1, ordinal=0, payload={"a": 1}, now=NOW)
+    with store.session() as s:
+        assert sum(queries.counts_by_state(s).values()) == 1
+
+
+@pytest.mark.parametrize("ordinal", [-1, 3])
+def test_add_refuses_ordinal_outside_the_pool(store: PoolStore, ordinal: int) -> None:
+    with pytest.raises(InvalidInput, match="ordinal"):
+        store.add_run(board="b", task_id="t", run_id=1, ordinal=ordinal, payload={}, now=NOW)
+
+
+def test_add_refuses_credentials_in_the_payload(store: PoolStore) -> None:
+    with pytest.raises(InvalidInput, match=r"payload\.env\.DB_PASSWORD"):
+        store.add_run(board="b", task_id="t", run_id=1, ordinal=0,
+                      payload={"env": {"DB_PASSWORD": "hunter2"}}, now=NOW)
+    with store.session() as s:
+        assert sum(queries.counts_by_state(s).values()) == 0
+
+
+# --- offer -------------------------------------------------------------------
+
+
+def test_offer_starts_the_lease_with_a_new_fence(store: PoolStore) -> None:
+    first = given_running(store, 0, "t1")
+    second = given_running(store, 1, "t2")
+    assert second.fence > first.fence
+    assert first.lease_until == NOW + store.settings.lease_seconds
+    assert row_state(store, first.row_id)["state"] == "running"
+
+
+def test_offer_gives_nothing_for_an_empty_or_busy_ordinal(store: PoolStore) -> None:
+    assert store.offer(0, now=NOW) is None
+    given_running(store, 0)
+    assert store.offer(0, now=NOW) is None  # running: the lease is held until it expires
+
+
+def test_reoffer_after_expiry_keeps_identity_with_new_fence(store: PoolStore) -> None:
+    first = given_running(store, 0)
+    with store.session() as s:
+        assert transitions.expire(s, first.row_id, max_attempts=3, now=first.lease_until + 1) is RowState.ASSIGNED
+    again = store.offer(0, now=first.lease_until + 2)
+    assert again is not None
+    assert (again.row_id, again.task_id, again.run_id) == (first.row_id, first.task_id, first.run_id)
+    assert again.attempt == 2 and again.fence > first.fence
+
+
+# --- heartbeat -------------------------------------------------------------
+
+
+def test_heartbeat_extends_the_lease_up_to_its_last_instant(store: PoolStore) -> None:
+    offer = given_running(store)
+    at = offer.lease_until  # still valid at the very end of the lease
+    assert store.heartbeat(envelope(offer), now=at) == "applied"
+    assert row_state(store, offer.row_id)["lease_until"] == at + store.settings.lease_seconds
+
+
+def test_heartbeat_after_lease_end_is_refused(store: PoolStore) -> None:
+    offer = given_running(store)
+    with pytest.raises(StaleHolder, match="lease"):
+        store.heartbeat(envelope(offer), now=offer.lease_until + 0.001)
+    assert row_state(store, offer.row_id)["lease_until"] == offer.lease_until
+
+
+@pytest.mark.parametrize(("field", "delta"), [("fence", 1), ("attempt", 1), ("worker_ordinal", 1)])
+def test_heartbeat_from_a_stale_holder_is_refused(store: PoolStore, field: str, delta: int) -> None:
+    offer = given_running(store)
+    env = envelope(offer)
+    env[field] += delta
+    with pytest.raises(StaleHolder, match=field):
+        store.heartbeat(env, now=NOW)
+    assert row_state(store, offer.row_id)["lease_until"] == offer.lease_until
+
+
+def test_replayed_heartbeat_is_a_duplicate_and_reused_id_conflicts(store: PoolStore) -> None:
+    offer = given_running(store)
+    assert store.heartbeat(envelope(offer), now=NOW) == "applied"
+    assert store.heartbeat(envelope(offer), now=NOW + 1) == "duplicate"
+    with pytest.raises(DeliveryConflict, match="delivery_id"):
+        store.heartbeat(envelope(offer, payload_digest="f" * 64), now=NOW + 1)
+
+
+# --- result ----------------------------------------------------------------
+
+
+def test_result_moves_the_row_to_result_once(store: PoolStore) -> None:
+    offer = given_running(store)
+    env = envelope(offer, "r1", payload={"status": "done", "answer": 42})
+    assert store.accept_result(env, now=NOW) == "applied"
+    assert store.accept_result(env, now=NOW) == "duplicate"
+    assert store.accept_result({**env, "delivery_id": "r2"}, now=NOW) == "duplicate"
+    with pytest.raises(DeliveryConflict, match="different result"):
+        store.accept_result({**env, "delivery_id": "r3", "payload": {"status": "done", "answer": 7}},
+                            now=NOW)
+    row = row_state(store, offer.row_id)
+    assert row["state"] == "result" and '"answer":42' in row["result"]
+
+
+def test_result_from_the_previous_attempt_is_refused(store: PoolStore) -> None:
+    old = given_running(store)
+    with store.session() as s:
+        transitions.expire(s, old.row_id, max_attempts=3, now=old.lease_until + 1)
+    new = store.offer(0, now=old.lease_until + 2)
+    assert new is not None
+    with pytest.raises(StaleHolder):
+        store.accept_result(envelope(old, "r", payload={"status": "done"}), now=old.lease_until + 3)
+    assert row_state(store, old.row_id)["state"] == "running"
+
+
+# --- expire ----------------------------------------------------------------
+
+
+def test_expire_due_rows_are_exactly_those_whose_lease_ended(store: PoolStore, make_row: RowFactory) -> None:
+    due = make_row(RowState.RUNNING, ordinal=0, lease_until=NOW - 1)
+    at_cutoff = make_row(RowState.RUNNING, ordinal=1, lease_until=NOW)
+    make_row(RowState.ASSIGNED, ordinal=2)
+    make_row(RowState.LEASE_FAILED, ordinal=0, lease_until=NOW - 100)
+    with store.session() as s:
+        assert queries.due_expired(s, now=NOW, limit=10) == [due]
+        assert queries.due_expired(s, now=NOW + 1, limit=10) == [due, at_cutoff]
+
+
+def test_expire_reoffers_until_the_last_attempt_then_lease_failed(store: PoolStore, make_row: RowFactory) -> None:
+    row = make_row(RowState.RUNNING, attempt=2, lease_until=NOW - 1)
+    with store.session() as s:
+        assert transitions.expire(s, row, max_attempts=3, now=NOW) is RowState.ASSIGNED
+    assert row_state(store, row)["attempt"] == 3
+    offer = store.offer(0, now=NOW)
+    assert offer is not None
+    with store.session() as s:
+        assert transitions.expire(s, row, max_attempts=3, now=offer.lease_until + 1) is RowState.LEASE_FAILED
+        assert queries.free_ordinals(s, 3) == [0, 1, 2]
+    assert row_state(store, row)["attempt"] == 3
+
+
+def test_expire_of_a_live_lease_or_other_state_is_a_lost_race(store: PoolStore, make_row: RowFactory) -> None:
+    live = make_row(RowState.RUNNING, ordinal=0, lease_until=NOW)
+    other = make_row(RowState.RESULT, ordinal=1, lease_until=NOW - 10)
+    for row in (live, other):
+        with pytest.raises(LostRace), store.session() as s:
+            transitions.expire(s, row, max_attempts=3, now=NOW)
+    assert row_state(store, live)["state"] == "running"
+    assert row_state(store, other)["state"] == "result"
+
+
+# --- settle and gc -----------------------------------------------------------
+
+
+def test_settle_compacts_json_but_keeps_digests(store: PoolStore, make_row: RowFactory) -> None:
+    row = make_row(RowState.RESULT)
+    with store.session() as s:
+        transitions.settle(s, row, RowState.FINALIZED, expect_state="result", expect_attempt=1, now=NOW)
+    got = row_state(store, row)
+    assert got["state"] == "finalized" and got["payload"] is None and got["result"] is None
+    assert got["payload_digest"] and got["result_digest"] == "0" * 64
+
+
+def test_settle_with_a_stale_attempt_is_a_lost_race(store: PoolStore, make_row: RowFactory) -> None:
+    row = make_row(RowState.LEASE_FAILED, attempt=3)
+    with pytest.raises(LostRace), store.session() as s:
+        transitions.settle(s, row, RowState.STALE, expect_state="lease_failed", expect_attempt=2, now=NOW)
+    assert row_state(store, row)["state"] == "lease_failed"
+
+
+def test_gc_deletes_only_terminal_rows_past_retention(store: PoolStore, make_row: RowFactory) -> None:
+    cutoff = NOW - store.settings.retention_seconds
+    old_final = make_row(RowState.FINALIZED, updated_at=cutoff - 1)
+    old_stale = make_row(RowState.STALE, updated_at=cutoff - 1)
+    young = make_row(RowState.FINALIZED, updated_at=cutoff)
+    failed = make_row(RowState.LEASE_FAILED, ordinal=0, updated_at=cutoff - 10_000)
+    live = make_row(RowState.RUNNING, ordinal=1, lease_until=cutoff - 1, updated_at=cutoff - 10_000)
+    with store.session() as s:
+        assert transitions.collect_garbage(s, retention_seconds=3600, batch=1, now=NOW)[0] == 1
+        assert transitions.collect_garbage(s, retention_seconds=3600, batch=10, now=NOW)[0] == 1
+        assert transitions.collect_garbage(s, retention_seconds=3600, batch=10, now=NOW)[0] == 0
+        left = set(s.scalars(text("SELECT id FROM assignments")))
+    assert left == {young, failed, live}
+    assert not left & {old_final, old_stale}
+
+
+# --- bookkeeping -------------------------------------------------------------
+
+
+def test_failures_back_off_then_quarantine_and_requeue_resets(store: PoolStore, make_row: RowFactory) -> None:
+    row = make_row(RowState.LEASE_FAILED)
+    rng = random.Random(1)
+    delays = []
+    for n in range(1, 4):
+        with store.session() as s:
+            f = transitions.record_failure(s, row, "boom", settings=store.settings, now=NOW, rng=rng)
+        delays.append(f.next_attempt_at - NOW)
+        assert f.failures == n and f.new_detail == (n == 1)
+    base = store.settings.backoff_base_seconds
+    assert base / 2 <= delays[0] <= base and 2 * base / 2 <= delays[1] <= 2 * base
+    assert f.quarantined and delays[2] == store.settings.quarantine_retry_seconds
+    with store.session() as s:
+        assert queries.due_in_state(s, RowState.LEASE_FAILED, now=NOW, limit=5) == []
+        assert queries.due_in_state(s, RowState.LEASE_FAILED, now=f.next_attempt_at, limit=5) == [row]
+        transitions.requeue(s, row)
+        assert queries.due_in_state(s, RowState.LEASE_FAILED, now=NOW, limit=5) == [row]
+    got = row_state(store, row)
+    assert got["failures"] == 0 and not got["quarantined"] and got["state"] == "lease_failed"
+
+
+def test_transient_failures_delay_without_nearing_quarantine(store: PoolStore, make_row: RowFactory) -> None:
+    row = make_row(RowState.LEASE_FAILED)
+    for _ in range(5):
+        with store.session() as s:
+            f = transitions.record_failure(s, row, "busy", settings=store.settings, now=NOW, counts=False)
+    assert f.failures == 0 and not f.quarantined and f.next_attempt_at > NOW
+
+
+def test_unknown_row_is_not_found(store: PoolStore) -> None:
+    with pytest.raises(NotFound, match="row 99"), store.session() as s:
+        transitions.requeue(s, 99)
