@@ -14,6 +14,5 @@ def open_board(settings: Settings, kanban: KanbanBoard | None = None) -> Board:
     """The board the maintenance plane talks to, with chaos faults when configured."""
     board = kanban or KanbanBoard(settings.board_url)
     if settings.chaos_board_busy_rate or settings.poison_tasks:
-        return FlakyBoard(board, busy_rate=settings.chaos_board_busy_rate,
-                          poison=settings.poison_tasks)
+        return FlakyBoard(board, busy_rate=settings.chaos_board_busy_rate, poison=settings.poison_tasks)
     return board

@@ -15,8 +15,14 @@ from poolkeeper.errors import TransientError
 
 
 class FlakyBoard:
-    def __init__(self, inner: Board, *, busy_rate: float = 0.0,
-                 poison: frozenset[str] = frozenset(), rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        inner: Board,
+        *,
+        busy_rate: float = 0.0,
+        poison: frozenset[str] = frozenset(),
+        rng: random.Random | None = None,
+    ) -> None:
         self.inner = inner
         self.busy_rate = busy_rate
         self.poison = poison
@@ -44,12 +50,10 @@ class FlakyBoard:
         self._maybe_fail()
         return self.inner.claim_ready(limit, assignee=assignee, lane=lane)
 
-    def block_task(self, board: str, task_id: str, reason: str, kind: str,
-                   expected_run_id: int) -> bool:
+    def block_task(self, board: str, task_id: str, reason: str, kind: str, expected_run_id: int) -> bool:
         self._maybe_fail(task_id)
         return self.inner.block_task(board, task_id, reason, kind, expected_run_id)
 
-    def complete_task(self, board: str, task_id: str, expected_run_id: int,
-                      result: dict[str, Any]) -> bool:
+    def complete_task(self, board: str, task_id: str, expected_run_id: int, result: dict[str, Any]) -> bool:
         self._maybe_fail(task_id)
         return self.inner.complete_task(board, task_id, expected_run_id, result)

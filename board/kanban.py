@@ -77,36 +77,52 @@ class KanbanBoard:
                 run_id = conn.execute(
                     update(tasks)
                     .where(T.board == board, T.id == task_id, T.status == TaskStatus.READY.value)
-                    .values(status=TaskStatus.RUNNING.value, assignee=assignee,
-                            current_run_id=func.coalesce(T.current_run_id, 0) + 1,
-                            block_reason=None, block_kind=None, updated_at=now)
+                    .values(
+                        status=TaskStatus.RUNNING.value,
+                        assignee=assignee,
+                        current_run_id=func.coalesce(T.current_run_id, 0) + 1,
+                        block_reason=None,
+                        block_kind=None,
+                        updated_at=now,
+                    )
                     .returning(T.current_run_id)
                 ).scalar_one_or_none()
                 if run_id is None:
                     continue  # another claimer took it between select and update
-                conn.execute(insert(runs).values(board=board, task_id=task_id, run_id=run_id,
-                                                 assignee=assignee, outcome="running", started_at=now))
+                conn.execute(
+                    insert(runs).values(
+                        board=board,
+                        task_id=task_id,
+                        run_id=run_id,
+                        assignee=assignee,
+                        outcome="running",
+                        started_at=now,
+                    )
+                )
                 claims.append(Claim(board, task_id, run_id))
         return claims
 
-    def block_task(self, board: str, task_id: str, reason: str, kind: str,
-                   expected_run_id: int) -> bool:
-        return self._end_run(board, task_id, expected_run_id, TaskStatus.BLOCKED,
-                             block_reason=reason, block_kind=kind)
+    def block_task(self, board: str, task_id: str, reason: str, kind: str, expected_run_id: int) -> bool:
+        return self._end_run(
+            board, task_id, expected_run_id, TaskStatus.BLOCKED, block_reason=reason, block_kind=kind
+        )
 
-    def complete_task(self, board: str, task_id: str, expected_run_id: int,
-                      result: dict[str, Any]) -> bool:
-        return self._end_run(board, task_id, expected_run_id, TaskStatus.DONE,
-                             result=validate.canonical_json(result))
+    def complete_task(self, board: str, task_id: str, expected_run_id: int, result: dict[str, Any]) -> bool:
+        return self._end_run(
+            board, task_id, expected_run_id, TaskStatus.DONE, result=validate.canonical_json(result)
+        )
 
-    def _end_run(self, board: str, task_id: str, run_id: int, status: TaskStatus,
-                 **values: Any) -> bool:
+    def _end_run(self, board: str, task_id: str, run_id: int, status: TaskStatus, **values: Any) -> bool:
         now = time.time()
         with self._tx() as conn:
             changed = conn.execute(
                 update(tasks)
-                .where(T.board == board, T.id == task_id, T.current_run_id == run_id,
-                       T.status == TaskStatus.RUNNING.value)
+                .where(
+                    T.board == board,
+                    T.id == task_id,
+                    T.current_run_id == run_id,
+                    T.status == TaskStatus.RUNNING.value,
+                )
                 .values(status=status.value, updated_at=now, **values)
             ).rowcount
             if changed == 1:
@@ -114,17 +130,26 @@ class KanbanBoard:
             return bool(changed == 1)
 
     @staticmethod
-    def _close_run(conn: Connection, board: str, task_id: str, run_id: int | None,
-                   outcome: str, now: float) -> None:
+    def _close_run(
+        conn: Connection, board: str, task_id: str, run_id: int | None, outcome: str, now: float
+    ) -> None:
         if run_id is not None:
-            conn.execute(update(runs).where(runs.c.board == board, runs.c.task_id == task_id,
-                                            runs.c.run_id == run_id, runs.c.outcome == "running")
-                         .values(outcome=outcome, ended_at=now))
+            conn.execute(
+                update(runs)
+                .where(
+                    runs.c.board == board,
+                    runs.c.task_id == task_id,
+                    runs.c.run_id == run_id,
+                    runs.c.outcome == "running",
+                )
+                .values(outcome=outcome, ended_at=now)
+            )
 
     # --- operator moves ------------------------------------------------------
 
-    def add_task(self, board: str, title: str, body: str = "", *, lane: str = "pool",
-                 task_id: str | None = None) -> str:
+    def add_task(
+        self, board: str, title: str, body: str = "", *, lane: str = "pool", task_id: str | None = None
+    ) -> str:
         validate.name("board", board, 64)
         task_id = validate.name("task_id", task_id or uuid.uuid4().hex[:12], 128)
         validate.name("lane", lane, 64)
@@ -136,32 +161,63 @@ class KanbanBoard:
                 conn.execute(insert(boards).values(name=board, created_at=now))
             if conn.scalar(select(T.id).where(T.board == board, T.id == task_id)) is not None:
                 raise InvalidInput("task_id", f"{board}/{task_id} already exists")
-            conn.execute(insert(tasks).values(board=board, id=task_id, title=title, body=body,
-                                              status=TaskStatus.READY.value, lane=lane,
-                                              created_at=now, updated_at=now))
+            conn.execute(
+                insert(tasks).values(
+                    board=board,
+                    id=task_id,
+                    title=title,
+                    body=body,
+                    status=TaskStatus.READY.value,
+                    lane=lane,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
         return task_id
 
     def unblock_task(self, board: str, task_id: str) -> BoardTask:
         """A parked task goes back to ``ready`` (its next claim gets a new run id)."""
-        return self._operator_move(board, task_id, {TaskStatus.BLOCKED},
-                                   status=TaskStatus.READY.value, block_reason=None, block_kind=None)
+        return self._operator_move(
+            board,
+            task_id,
+            {TaskStatus.BLOCKED},
+            status=TaskStatus.READY.value,
+            block_reason=None,
+            block_kind=None,
+        )
 
     def cancel_task(self, board: str, task_id: str) -> BoardTask:
         """End a task for good: it is ``done`` with result ``{"cancelled": true}``."""
-        return self._operator_move(board, task_id, {TaskStatus.READY, TaskStatus.RUNNING,
-                                                    TaskStatus.BLOCKED},
-                                   status=TaskStatus.DONE.value, result='{"cancelled":true}',
-                                   run_outcome="cancelled")
+        return self._operator_move(
+            board,
+            task_id,
+            {TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.BLOCKED},
+            status=TaskStatus.DONE.value,
+            result='{"cancelled":true}',
+            run_outcome="cancelled",
+        )
 
     def reassign_task(self, board: str, task_id: str, *, assignee: str, lane: str) -> BoardTask:
         """Hand a running task to someone else: a new run starts, the old one has moved on."""
         validate.name("lane", lane, 64)
-        return self._operator_move(board, task_id, {TaskStatus.RUNNING}, assignee=assignee,
-                                   lane=lane, current_run_id=T.current_run_id + 1,
-                                   run_outcome="moved")
+        return self._operator_move(
+            board,
+            task_id,
+            {TaskStatus.RUNNING},
+            assignee=assignee,
+            lane=lane,
+            current_run_id=T.current_run_id + 1,
+            run_outcome="moved",
+        )
 
-    def _operator_move(self, board: str, task_id: str, allowed: set[TaskStatus],
-                       run_outcome: str | None = None, **values: Any) -> BoardTask:
+    def _operator_move(
+        self,
+        board: str,
+        task_id: str,
+        allowed: set[TaskStatus],
+        run_outcome: str | None = None,
+        **values: Any,
+    ) -> BoardTask:
         now = time.time()
         with self._tx() as conn:
             row = conn.execute(select(tasks).where(T.board == board, T.id == task_id)).first()
@@ -170,17 +226,30 @@ class KanbanBoard:
             if TaskStatus(row.status) not in allowed:
                 names = ", ".join(sorted(s.value for s in allowed))
                 raise InvalidInput("status", f"{board}/{task_id} is {row.status}; expected {names}")
-            conn.execute(update(tasks)
-                         .where(T.board == board, T.id == task_id, T.status == row.status,
-                                T.current_run_id.is_not_distinct_from(row.current_run_id))
-                         .values(updated_at=now, **values))
+            conn.execute(
+                update(tasks)
+                .where(
+                    T.board == board,
+                    T.id == task_id,
+                    T.status == row.status,
+                    T.current_run_id.is_not_distinct_from(row.current_run_id),
+                )
+                .values(updated_at=now, **values)
+            )
             if run_outcome is not None:
                 self._close_run(conn, board, task_id, row.current_run_id, run_outcome, now)
             new = conn.execute(select(tasks).where(T.board == board, T.id == task_id)).one()
             if values.get("current_run_id") is not None:
-                conn.execute(insert(runs).values(board=board, task_id=task_id,
-                                                 run_id=new.current_run_id, assignee=new.assignee,
-                                                 outcome="running", started_at=now))
+                conn.execute(
+                    insert(runs).values(
+                        board=board,
+                        task_id=task_id,
+                        run_id=new.current_run_id,
+                        assignee=new.assignee,
+                        outcome="running",
+                        started_at=now,
+                    )
+                )
         return _task(new)
 
     def delete_task(self, board: str, task_id: str) -> None:
@@ -190,12 +259,12 @@ class KanbanBoard:
 
     def archive_board(self, board: str) -> None:
         with self._tx() as conn:
-            if conn.execute(update(boards).where(boards.c.name == board)
-                            .values(archived=True)).rowcount != 1:
+            if conn.execute(update(boards).where(boards.c.name == board).values(archived=True)).rowcount != 1:
                 raise NotFound(f"{board}: no such board")
 
-    def list_tasks(self, board: str | None = None, status: TaskStatus | None = None,
-                   limit: int = 10_000) -> list[BoardTask]:
+    def list_tasks(
+        self, board: str | None = None, status: TaskStatus | None = None, limit: int = 10_000
+    ) -> list[BoardTask]:
         stmt = select(tasks).order_by(T.board, T.created_at, T.id).limit(limit)
         if board is not None:
             stmt = stmt.where(T.board == board)
@@ -218,8 +287,15 @@ class KanbanBoard:
 
 def _task(row: Row[Any]) -> BoardTask:
     return BoardTask(
-        board=row.board, id=row.id, title=row.title, body=row.body,
-        status=TaskStatus(row.status), assignee=row.assignee, current_run_id=row.current_run_id,
-        lane=row.lane, block_reason=row.block_reason, block_kind=row.block_kind,
+        board=row.board,
+        id=row.id,
+        title=row.title,
+        body=row.body,
+        status=TaskStatus(row.status),
+        assignee=row.assignee,
+        current_run_id=row.current_run_id,
+        lane=row.lane,
+        block_reason=row.block_reason,
+        block_kind=row.block_kind,
         result=json.loads(row.result) if row.result else None,
     )

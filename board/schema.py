@@ -30,14 +30,16 @@ metadata = MetaData(
 _STATUSES = ", ".join(f"'{s.value}'" for s in TaskStatus)
 
 boards = Table(
-    "boards", metadata,
+    "boards",
+    metadata,
     Column("name", String(64), primary_key=True),
     Column("archived", Boolean, nullable=False, server_default=false()),
     Column("created_at", Float, nullable=False),
 )
 
 tasks = Table(
-    "tasks", metadata,
+    "tasks",
+    metadata,
     Column("board", String(64), primary_key=True),
     Column("id", String(128), primary_key=True),
     Column("title", Text, nullable=False),
@@ -59,7 +61,8 @@ tasks = Table(
 )
 
 runs = Table(
-    "runs", metadata,
+    "runs",
+    metadata,
     Column("board", String(64), primary_key=True),
     Column("task_id", String(128), primary_key=True),
     Column("run_id", BigInteger, primary_key=True),

@@ -21,8 +21,7 @@ from poolkeeper.settings import Settings
 from store import PoolStore, queries, transitions
 from store.models import RowState
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 board_app = typer.Typer(no_args_is_help=True, help="The built-in Kanban board.")
 app.add_typer(board_app, name="board")
 out = Console()
@@ -91,10 +90,19 @@ def status(as_json: JsonOpt = False) -> None:
 
 def _row_dict(row: Any) -> dict[str, Any]:
     return {
-        "id": row.id, "board": row.board, "task_id": row.task_id, "run_id": row.run_id,
-        "ordinal": row.ordinal, "state": row.state, "attempt": row.attempt, "fence": row.fence,
-        "lease_until": row.lease_until, "updated_at": row.updated_at, "failures": row.failures,
-        "last_error": row.last_error, "next_attempt_at": row.next_attempt_at,
+        "id": row.id,
+        "board": row.board,
+        "task_id": row.task_id,
+        "run_id": row.run_id,
+        "ordinal": row.ordinal,
+        "state": row.state,
+        "attempt": row.attempt,
+        "fence": row.fence,
+        "lease_until": row.lease_until,
+        "updated_at": row.updated_at,
+        "failures": row.failures,
+        "last_error": row.last_error,
+        "next_attempt_at": row.next_attempt_at,
         "quarantined": bool(row.quarantined),
     }
 
@@ -112,16 +120,24 @@ def rows(
         try:
             want = RowState(state)
         except ValueError:
-            raise InvalidInput("--state", f"unknown state {state!r}; one of "
-                               + ", ".join(s.value for s in RowState)) from None
+            raise InvalidInput(
+                "--state", f"unknown state {state!r}; one of " + ", ".join(s.value for s in RowState)
+            ) from None
     with _store().session(readonly=True) as s:
         found = [_row_dict(r) for r in queries.rows(s, state=want, quarantined=quarantined, limit=limit)]
     table = Table("id", "board/task", "run", "ord", "state", "att", "fence", "failures", "last error")
     for r in found:
-        table.add_row(str(r["id"]), f"{r['board']}/{r['task_id']}", str(r["run_id"]),
-                      str(r["ordinal"]), r["state"] + (" (Q)" if r["quarantined"] else ""),
-                      str(r["attempt"]), str(r["fence"] or "-"), str(r["failures"]),
-                      (r["last_error"] or "")[:60])
+        table.add_row(
+            str(r["id"]),
+            f"{r['board']}/{r['task_id']}",
+            str(r["run_id"]),
+            str(r["ordinal"]),
+            r["state"] + (" (Q)" if r["quarantined"] else ""),
+            str(r["attempt"]),
+            str(r["fence"] or "-"),
+            str(r["failures"]),
+            (r["last_error"] or "")[:60],
+        )
     _emit(found, table, as_json)
 
 
@@ -165,13 +181,31 @@ def board_list(
         except ValueError:
             raise InvalidInput("--status", f"unknown status {status_!r}") from None
     found = kanban.list_tasks(board, want)
-    data = [{"board": t.board, "id": t.id, "title": t.title, "status": t.status.value,
-             "lane": t.lane, "assignee": t.assignee, "run_id": t.current_run_id,
-             "block_reason": t.block_reason, "result": t.result} for t in found]
+    data = [
+        {
+            "board": t.board,
+            "id": t.id,
+            "title": t.title,
+            "status": t.status.value,
+            "lane": t.lane,
+            "assignee": t.assignee,
+            "run_id": t.current_run_id,
+            "block_reason": t.block_reason,
+            "result": t.result,
+        }
+        for t in found
+    ]
     table = Table("board", "id", "title", "status", "lane", "run", "block reason")
     for t in found:
-        table.add_row(t.board, t.id, t.title[:40], t.status.value, t.lane,
-                      str(t.current_run_id or "-"), t.block_reason or "")
+        table.add_row(
+            t.board,
+            t.id,
+            t.title[:40],
+            t.status.value,
+            t.lane,
+            str(t.current_run_id or "-"),
+            t.block_reason or "",
+        )
     _emit(data, table, as_json)
 
 

@@ -99,8 +99,7 @@ class Settings:
             self.visibility_timeout,
             "POOL_VISIBILITY_TIMEOUT",
             lambda v: v > max(longest_countdown, self.task_time_limit),
-            "greater than POOL_BACKOFF_MAX_SECONDS, POOL_QUARANTINE_RETRY_SECONDS "
-            "and POOL_TASK_TIME_LIMIT",
+            "greater than POOL_BACKOFF_MAX_SECONDS, POOL_QUARANTINE_RETRY_SECONDS and POOL_TASK_TIME_LIMIT",
         )
         _check(self.metrics_port, "POOL_METRICS_PORT", lambda v: 0 <= v <= 65535, "a port or 0")
         _check(self.http_port, "POOL_HTTP_PORT", lambda v: 0 <= v <= 65535, "a port")
@@ -149,7 +148,9 @@ def _parse(raw: str, kind: type, var: str) -> Any:
         if kind is float:
             return float(raw)
     except ValueError:
-        raise SettingsError(f"{var}: expected {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+        raise SettingsError(
+            f"{var}: expected {'an integer' if kind is int else 'a number'}, got {raw!r}"
+        ) from None
     return raw
 
 

@@ -32,7 +32,9 @@ def name(field: str, value: object, max_len: int) -> str:
     if not 1 <= len(value) <= max_len:
         raise InvalidInput(field, f"must be 1 to {max_len} characters, got {len(value)}")
     if not NAME_RE.fullmatch(value):
-        raise InvalidInput(field, "may hold only letters, digits and _ . : - (and start with a letter or digit)")
+        raise InvalidInput(
+            field, "may hold only letters, digits and _ . : - (and start with a letter or digit)"
+        )
     return value
 
 

@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session
 from poolkeeper import db
 from poolkeeper.settings import Settings
 from store import transitions
+from store.envelope import Envelope
 from store.models import metadata
 from store.transitions import Offer
-from store.envelope import Envelope
 
 __all__ = ["Envelope", "Offer", "PoolStore"]
 
@@ -44,24 +44,41 @@ class PoolStore:
         with self.session() as s:
             return transitions.offer(s, ordinal, settings=self.settings, now=_now(now))
 
-    def heartbeat(self, envelope: Mapping[str, Any], *, now: float | None = None
-                  ) -> Literal["applied", "duplicate"]:
+    def heartbeat(
+        self, envelope: Mapping[str, Any], *, now: float | None = None
+    ) -> Literal["applied", "duplicate"]:
         env = Envelope.parse(envelope, pool_size=self.settings.pool_size, with_result=False)
         with self.session() as s:
             return transitions.heartbeat(s, env, settings=self.settings, now=_now(now))
 
-    def accept_result(self, envelope: Mapping[str, Any], *, now: float | None = None
-                      ) -> Literal["applied", "duplicate"]:
+    def accept_result(
+        self, envelope: Mapping[str, Any], *, now: float | None = None
+    ) -> Literal["applied", "duplicate"]:
         env = Envelope.parse(envelope, pool_size=self.settings.pool_size, with_result=True)
         with self.session() as s:
             return transitions.accept_result(s, env, now=_now(now))
 
-    def add_run(self, *, board: str, task_id: str, run_id: int, ordinal: int,
-                payload: dict[str, Any], now: float | None = None) -> Literal["added", "duplicate"]:
+    def add_run(
+        self,
+        *,
+        board: str,
+        task_id: str,
+        run_id: int,
+        ordinal: int,
+        payload: dict[str, Any],
+        now: float | None = None,
+    ) -> Literal["added", "duplicate"]:
         with self.session() as s:
-            return transitions.add_run(s, board=board, task_id=task_id, run_id=run_id,
-                                       ordinal=ordinal, payload=payload,
-                                       pool_size=self.settings.pool_size, now=_now(now))
+            return transitions.add_run(
+                s,
+                board=board,
+                task_id=task_id,
+                run_id=run_id,
+                ordinal=ordinal,
+                payload=payload,
+                pool_size=self.settings.pool_size,
+                now=_now(now),
+            )
 
 
 def _now(now: float | None) -> float:

@@ -29,8 +29,14 @@ class Envelope:
         if not isinstance(data, Mapping):
             raise InvalidInput("envelope", f"expected a JSON object, got {type(data).__name__}")
         required = [
-            "delivery_id", "board", "task_id", "run_id",
-            "worker_ordinal", "attempt", "fence", "payload_digest",
+            "delivery_id",
+            "board",
+            "task_id",
+            "run_id",
+            "worker_ordinal",
+            "attempt",
+            "fence",
+            "payload_digest",
         ] + (["payload"] if with_result else [])
         for key in required:
             if key not in data:
@@ -58,8 +64,16 @@ class Envelope:
         """What makes a replay "the same delivery": everything but the delivery id."""
         return sha256(
             canonical_json(
-                [self.board, self.task_id, self.run_id, self.worker_ordinal,
-                 self.attempt, self.fence, self.payload_digest, self.result]
+                [
+                    self.board,
+                    self.task_id,
+                    self.run_id,
+                    self.worker_ordinal,
+                    self.attempt,
+                    self.fence,
+                    self.payload_digest,
+                    self.result,
+                ]
             )
         )
 

@@ -98,9 +98,7 @@ class Assignment(Base):
             name="running_has_lease",
         ),
         CheckConstraint("state <> 'result' OR result_digest IS NOT NULL", name="result_has_digest"),
-        CheckConstraint(
-            f"({TERMINAL_SQL}) OR payload IS NOT NULL", name="live_has_payload"
-        ),
+        CheckConstraint(f"({TERMINAL_SQL}) OR payload IS NOT NULL", name="live_has_payload"),
         CheckConstraint(
             f"NOT ({TERMINAL_SQL}) OR (payload IS NULL AND result IS NULL)",
             name="terminal_compacted",

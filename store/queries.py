@@ -19,16 +19,28 @@ _LIVE = [s.value for s in LIVE_STATES]
 
 def due_expired(s: Session, *, now: float, limit: int) -> list[int]:
     """``running`` rows whose lease ended (``0 < lease_until < now``), oldest lease first."""
-    stmt = (select(A.id).where(A.state == RowState.RUNNING.value, A.lease_until > 0,
-                               A.lease_until < now, A.next_attempt_at <= now)
-            .order_by(A.lease_until).limit(limit))
+    stmt = (
+        select(A.id)
+        .where(
+            A.state == RowState.RUNNING.value,
+            A.lease_until > 0,
+            A.lease_until < now,
+            A.next_attempt_at <= now,
+        )
+        .order_by(A.lease_until)
+        .limit(limit)
+    )
     return list(s.scalars(stmt))
 
 
 def due_in_state(s: Session, state: RowState, *, now: float, limit: int) -> list[int]:
     """Rows in ``state`` whose backoff has run out, longest waiting first."""
-    stmt = (select(A.id).where(A.state == state.value, A.next_attempt_at <= now)
-            .order_by(A.next_attempt_at, A.id).limit(limit))
+    stmt = (
+        select(A.id)
+        .where(A.state == state.value, A.next_attempt_at <= now)
+        .order_by(A.next_attempt_at, A.id)
+        .limit(limit)
+    )
     return list(s.scalars(stmt))
 
 
@@ -46,8 +58,7 @@ def known_runs(s: Session, board: str, runs: Iterable[tuple[str, int]]) -> set[t
     wanted = list(runs)
     if not wanted:
         return set()
-    stmt = select(A.task_id, A.run_id).where(A.board == board,
-                                              tuple_(A.task_id, A.run_id).in_(wanted))
+    stmt = select(A.task_id, A.run_id).where(A.board == board, tuple_(A.task_id, A.run_id).in_(wanted))
     return {(t, r) for t, r in s.execute(stmt)}
 
 
@@ -72,8 +83,9 @@ def oldest_in_state(s: Session, state: RowState) -> float | None:
     return s.scalar(select(func.min(A.updated_at)).where(A.state == state.value))
 
 
-def rows(s: Session, *, state: RowState | None = None, quarantined: bool = False,
-         limit: int = 1000) -> Sequence[Assignment]:
+def rows(
+    s: Session, *, state: RowState | None = None, quarantined: bool = False, limit: int = 1000
+) -> Sequence[Assignment]:
     stmt = select(A).order_by(A.id).limit(limit)
     if state is not None:
         stmt = stmt.where(A.state == state.value)

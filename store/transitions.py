@@ -17,6 +17,7 @@ from sqlalchemy import delete, exc, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from poolkeeper import validate
 from poolkeeper.errors import (
     DeliveryConflict,
     DuplicateIdentity,
@@ -27,14 +28,16 @@ from poolkeeper.errors import (
     TransientError,
 )
 from poolkeeper.settings import Settings
-from poolkeeper import validate
 from store.envelope import Envelope
 from store.models import LIVE_STATES, TERMINAL_STATES, Assignment, Delivery, FenceSequence, RowState
 
 A = Assignment
 # A transition is progress: the row's failure streak ends with it.
 _CLEAR_BOOKKEEPING: dict[str, Any] = {
-    "failures": 0, "last_error": None, "next_attempt_at": 0.0, "quarantined": False,
+    "failures": 0,
+    "last_error": None,
+    "next_attempt_at": 0.0,
+    "quarantined": False,
 }
 
 
@@ -55,8 +58,15 @@ class Offer:
 
 
 def add_run(
-    s: Session, *, board: str, task_id: str, run_id: int, ordinal: int,
-    payload: dict[str, Any], pool_size: int, now: float,
+    s: Session,
+    *,
+    board: str,
+    task_id: str,
+    run_id: int,
+    ordinal: int,
+    payload: dict[str, Any],
+    pool_size: int,
+    now: float,
 ) -> Literal["added", "duplicate"]:
     """Record a claimed board run on a free ordinal, attempt 1, state ``assigned``.
 
@@ -77,9 +87,18 @@ def add_run(
             f"{board}/{task_id} run {run_id} already has row {existing.id} "
             f"on ordinal {existing.ordinal} ({existing.state})"
         )
-    row = A(board=board, task_id=task_id, run_id=run_id, ordinal=ordinal,
-            state=RowState.ASSIGNED.value, attempt=1, payload=text, payload_digest=digest,
-            created_at=now, updated_at=now)
+    row = A(
+        board=board,
+        task_id=task_id,
+        run_id=run_id,
+        ordinal=ordinal,
+        state=RowState.ASSIGNED.value,
+        attempt=1,
+        payload=text,
+        payload_digest=digest,
+        created_at=now,
+        updated_at=now,
+    )
     try:
         with s.begin_nested():
             s.add(row)
@@ -103,29 +122,55 @@ def offer(s: Session, ordinal: int, *, settings: Settings, now: float) -> Offer 
         return None
     fence = mint_fence(s)
     lease_until = now + settings.lease_seconds
-    _guarded(s, row.id, "offer", {A.state: RowState.ASSIGNED.value, A.attempt: row.attempt},
-             state=RowState.RUNNING.value, fence=fence, lease_until=lease_until, updated_at=now)
+    _guarded(
+        s,
+        row.id,
+        "offer",
+        {A.state: RowState.ASSIGNED.value, A.attempt: row.attempt},
+        state=RowState.RUNNING.value,
+        fence=fence,
+        lease_until=lease_until,
+        updated_at=now,
+    )
     assert row.payload is not None  # a live row always has its payload (CHECK live_has_payload)
-    return Offer(row.id, row.board, row.task_id, row.run_id, row.ordinal, row.attempt, fence,
-                 lease_until, json.loads(row.payload), row.payload_digest)
+    return Offer(
+        row.id,
+        row.board,
+        row.task_id,
+        row.run_id,
+        row.ordinal,
+        row.attempt,
+        fence,
+        lease_until,
+        json.loads(row.payload),
+        row.payload_digest,
+    )
 
 
 def mint_fence(s: Session) -> int:
-    stmt = (update(FenceSequence).where(FenceSequence.id == 1)
-            .values(value=FenceSequence.value + 1).returning(FenceSequence.value))
+    stmt = (
+        update(FenceSequence)
+        .where(FenceSequence.id == 1)
+        .values(value=FenceSequence.value + 1)
+        .returning(FenceSequence.value)
+    )
     value = s.execute(stmt).scalar_one_or_none()
     if value is None:
         raise NotFound("the fence sequence row is missing: run `poolctl init`")
     return value
 
 
-def heartbeat(s: Session, env: Envelope, *, settings: Settings, now: float
-              ) -> Literal["applied", "duplicate"]:
+def heartbeat(
+    s: Session, env: Envelope, *, settings: Settings, now: float
+) -> Literal["applied", "duplicate"]:
     """Extend the lease of the exact attempt and fence the envelope names."""
     if _seen(s, env, "heartbeat"):
         return "duplicate"
-    stmt = (update(A).where(*_holder_matches(env, now))
-            .values(lease_until=now + settings.lease_seconds, updated_at=now))
+    stmt = (
+        update(A)
+        .where(*_holder_matches(env, now))
+        .values(lease_until=now + settings.lease_seconds, updated_at=now)
+    )
     if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
         _refuse(s, env, now)
     _record_delivery(s, env, "heartbeat", now)
@@ -144,9 +189,17 @@ def accept_result(s: Session, env: Envelope, *, now: float) -> Literal["applied"
             raise DeliveryConflict(f"row {row.id} already has a different result")
         _record_delivery(s, env, "result", now)
         return "duplicate"
-    stmt = (update(A).where(*_holder_matches(env, now))
-            .values(state=RowState.RESULT.value, result=env.result, result_digest=result_digest,
-                    updated_at=now, **_CLEAR_BOOKKEEPING))
+    stmt = (
+        update(A)
+        .where(*_holder_matches(env, now))
+        .values(
+            state=RowState.RESULT.value,
+            result=env.result,
+            result_digest=result_digest,
+            updated_at=now,
+            **_CLEAR_BOOKKEEPING,
+        )
+    )
     if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
         _refuse(s, env, now)
     _record_delivery(s, env, "result", now)
@@ -162,31 +215,55 @@ def expire(s: Session, row_id: int, *, max_attempts: int, now: float) -> RowStat
         new_state, changes = RowState.ASSIGNED, {"attempt": row.attempt + 1, "lease_until": None}
     else:
         new_state, changes = RowState.LEASE_FAILED, {}
-    _guarded(s, row_id, "expire",
-             {A.state: RowState.RUNNING.value, A.attempt: row.attempt, A.fence: row.fence},
-             state=new_state.value, updated_at=now, **changes, **_CLEAR_BOOKKEEPING)
+    _guarded(
+        s,
+        row_id,
+        "expire",
+        {A.state: RowState.RUNNING.value, A.attempt: row.attempt, A.fence: row.fence},
+        state=new_state.value,
+        updated_at=now,
+        **changes,
+        **_CLEAR_BOOKKEEPING,
+    )
     return new_state
 
 
-def settle(s: Session, row_id: int, to: RowState, *, expect_state: str, expect_attempt: int,
-           now: float) -> None:
+def settle(
+    s: Session, row_id: int, to: RowState, *, expect_state: str, expect_attempt: int, now: float
+) -> None:
     """Make a row terminal on evidence about its exact run, compacting its bulky JSON."""
     if to not in TERMINAL_STATES:
         raise ValueError(f"settle goes to a terminal state, not {to}")
-    _guarded(s, row_id, f"settle to {to}", {A.state: expect_state, A.attempt: expect_attempt},
-             state=to.value, payload=None, result=None, updated_at=now, **_CLEAR_BOOKKEEPING)
+    _guarded(
+        s,
+        row_id,
+        f"settle to {to}",
+        {A.state: expect_state, A.attempt: expect_attempt},
+        state=to.value,
+        payload=None,
+        result=None,
+        updated_at=now,
+        **_CLEAR_BOOKKEEPING,
+    )
 
 
 def collect_garbage(s: Session, *, retention_seconds: float, batch: int, now: float) -> tuple[int, int]:
     """Delete one batch of terminal rows and of delivery records older than the retention."""
     cutoff = now - retention_seconds
-    old_rows = (select(A.id).where(A.state.in_([t.value for t in TERMINAL_STATES]),
-                                   A.updated_at < cutoff).limit(batch))
-    rows = s.execute(delete(A).where(A.id.in_(old_rows))
-                     .execution_options(synchronize_session=False)).rowcount  # type: ignore[attr-defined]
+    old_rows = (
+        select(A.id)
+        .where(A.state.in_([t.value for t in TERMINAL_STATES]), A.updated_at < cutoff)
+        .limit(batch)
+    )
+    rows = s.execute(
+        delete(A).where(A.id.in_(old_rows)).execution_options(synchronize_session=False)
+    ).rowcount  # type: ignore[attr-defined]
     old_deliveries = select(Delivery.delivery_id).where(Delivery.created_at < cutoff).limit(batch)
-    deliveries = s.execute(delete(Delivery).where(Delivery.delivery_id.in_(old_deliveries))
-                           .execution_options(synchronize_session=False)).rowcount  # type: ignore[attr-defined]
+    deliveries = s.execute(
+        delete(Delivery)
+        .where(Delivery.delivery_id.in_(old_deliveries))
+        .execution_options(synchronize_session=False)
+    ).rowcount  # type: ignore[attr-defined]
     return int(rows), int(deliveries)
 
 
@@ -198,8 +275,16 @@ class Failure:
     new_detail: bool  # the error differs from the one already on record: worth a log line
 
 
-def record_failure(s: Session, row_id: int, error: str, *, settings: Settings, now: float,
-                   counts: bool = True, rng: random.Random | None = None) -> Failure:
+def record_failure(
+    s: Session,
+    row_id: int,
+    error: str,
+    *,
+    settings: Settings,
+    now: float,
+    counts: bool = True,
+    rng: random.Random | None = None,
+) -> Failure:
     """Note a failed maintenance step on one row: backoff with jitter, quarantine at the threshold.
 
     ``counts=False`` is for transient trouble (busy board, lost connection): it
@@ -209,23 +294,33 @@ def record_failure(s: Session, row_id: int, error: str, *, settings: Settings, n
     error, previous_error = error[:500], row.last_error
     failures = row.failures + 1 if counts else row.failures
     quarantined = failures >= settings.quarantine_after
-    delay = (settings.quarantine_retry_seconds if quarantined
-             else backoff(max(failures, 1), settings, rng))
-    _guarded(s, row_id, "record failure", {A.state: row.state, A.failures: row.failures},
-             failures=failures, last_error=error, next_attempt_at=now + delay, quarantined=quarantined)
+    delay = settings.quarantine_retry_seconds if quarantined else backoff(max(failures, 1), settings, rng)
+    _guarded(
+        s,
+        row_id,
+        "record failure",
+        {A.state: row.state, A.failures: row.failures},
+        failures=failures,
+        last_error=error,
+        next_attempt_at=now + delay,
+        quarantined=quarantined,
+    )
     return Failure(failures, quarantined, now + delay, new_detail=previous_error != error)
 
 
 def backoff(n: int, settings: Settings, rng: random.Random | None = None) -> float:
     """Exponential backoff for the n-th failure, capped, with "equal jitter" (half fixed, half random)."""
-    ceiling = min(settings.backoff_max_seconds, settings.backoff_base_seconds * 2 ** min(n - 1, 30))
+    ceiling = min(settings.backoff_max_seconds, settings.backoff_base_seconds * 2.0 ** min(n - 1, 30))
     return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
 
 
 def record_success(s: Session, row_id: int) -> None:
     """End a row's failure streak (a no-op write when there is none)."""
-    s.execute(update(A).where(A.id == row_id, (A.failures > 0) | A.quarantined | (A.next_attempt_at > 0))
-              .values(**_CLEAR_BOOKKEEPING))
+    s.execute(
+        update(A)
+        .where(A.id == row_id, (A.failures > 0) | A.quarantined | (A.next_attempt_at > 0))
+        .values(**_CLEAR_BOOKKEEPING)
+    )
 
 
 def requeue(s: Session, row_id: int) -> Assignment:
@@ -256,15 +351,25 @@ def _describe(expect: dict[Any, Any]) -> str:
 
 
 def _holder_matches(env: Envelope, now: float) -> list[Any]:
-    return [A.board == env.board, A.task_id == env.task_id, A.run_id == env.run_id,
-            A.state == RowState.RUNNING.value, A.ordinal == env.worker_ordinal,
-            A.attempt == env.attempt, A.fence == env.fence,
-            A.payload_digest == env.payload_digest, A.lease_until >= now]
+    return [
+        A.board == env.board,
+        A.task_id == env.task_id,
+        A.run_id == env.run_id,
+        A.state == RowState.RUNNING.value,
+        A.ordinal == env.worker_ordinal,
+        A.attempt == env.attempt,
+        A.fence == env.fence,
+        A.payload_digest == env.payload_digest,
+        A.lease_until >= now,
+    ]
 
 
 def _row_of(s: Session, env: Envelope) -> Assignment | None:
-    return s.scalar(select(A).where(A.board == env.board, A.task_id == env.task_id,
-                                    A.run_id == env.run_id).execution_options(populate_existing=True))
+    return s.scalar(
+        select(A)
+        .where(A.board == env.board, A.task_id == env.task_id, A.run_id == env.run_id)
+        .execution_options(populate_existing=True)
+    )
 
 
 def _refuse(s: Session, env: Envelope, now: float) -> None:
@@ -298,14 +403,24 @@ def _seen(s: Session, env: Envelope, kind: str) -> bool:
 
 
 def _record_delivery(s: Session, env: Envelope, kind: str, now: float) -> None:
-    row_id = s.scalar(select(A.id).where(A.board == env.board, A.task_id == env.task_id,
-                                         A.run_id == env.run_id))
-    values = {"delivery_id": env.delivery_id, "assignment_id": row_id or 0, "kind": kind,
-              "digest": env.digest(), "created_at": now}
+    row_id = s.scalar(
+        select(A.id).where(A.board == env.board, A.task_id == env.task_id, A.run_id == env.run_id)
+    )
+    values = {
+        "delivery_id": env.delivery_id,
+        "assignment_id": row_id or 0,
+        "kind": kind,
+        "digest": env.digest(),
+        "created_at": now,
+    }
     dialect = s.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    stmt = (insert(Delivery).values(**values).on_conflict_do_nothing(index_elements=["delivery_id"])
-            .returning(Delivery.delivery_id))
+    stmt = (
+        insert(Delivery)
+        .values(**values)
+        .on_conflict_do_nothing(index_elements=["delivery_id"])
+        .returning(Delivery.delivery_id)
+    )
     if s.execute(stmt).scalar_one_or_none() is None:
         raise TransientError(f"delivery_id: {env.delivery_id!r} is being delivered concurrently; retry")
 

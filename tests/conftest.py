@@ -18,8 +18,8 @@ from sqlalchemy import create_engine, text
 
 from board import KanbanBoard
 from poolkeeper.settings import Settings
-from store import PoolStore
 from poolkeeper.validate import canonical_json, sha256
+from store import PoolStore
 from store.models import Assignment, RowState
 
 NOW = 1_800_000_000.0  # the fixed clock of the unit tests
@@ -65,16 +65,25 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
     with engine.begin() as conn:
         for table in ("assignments", "deliveries", "runs", "tasks", "boards"):
             conn.execute(text(f"DROP TABLE IF EXISTS {table} CASCADE"))
-        conn.execute(text("DROP TABLE IF EXISTS fence_sequence, store_alembic_version, "
-                          "board_alembic_version CASCADE"))
+        conn.execute(
+            text("DROP TABLE IF EXISTS fence_sequence, store_alembic_version, board_alembic_version CASCADE")
+        )
     engine.dispose()
 
 
 @pytest.fixture
 def settings(backend_url: str) -> Settings:
-    return Settings(database_url=backend_url, board_url=backend_url, pool_size=3,
-                    lease_seconds=30, max_attempts=3, retention_seconds=3600,
-                    quarantine_after=3, backoff_base_seconds=1, backoff_max_seconds=8)
+    return Settings(
+        database_url=backend_url,
+        board_url=backend_url,
+        pool_size=3,
+        lease_seconds=30,
+        max_attempts=3,
+        retention_seconds=3600,
+        quarantine_after=3,
+        backoff_base_seconds=1,
+        backoff_max_seconds=8,
+    )
 
 
 @pytest.fixture
@@ -101,17 +110,32 @@ def make_row(store: PoolStore) -> RowFactory:
     """Given a row in ``state`` on ``ordinal``; the schema's CHECKs still apply."""
     counter = iter(range(1, 1_000_000))
 
-    def make(state: RowState = RowState.ASSIGNED, *, ordinal: int = 0, attempt: int = 1,
-             lease_until: float | None = None, updated_at: float = NOW, board: str = "b",
-             task_id: str | None = None, run_id: int = 1) -> int:
+    def make(
+        state: RowState = RowState.ASSIGNED,
+        *,
+        ordinal: int = 0,
+        attempt: int = 1,
+        lease_until: float | None = None,
+        updated_at: float = NOW,
+        board: str = "b",
+        task_id: str | None = None,
+        run_id: int = 1,
+    ) -> int:
         n = next(counter)
         task = task_id or f"t{n}"
         terminal = state in (RowState.FINALIZED, RowState.STALE)
         payload = canonical_json({"title": task})
         row = Assignment(
-            board=board, task_id=task, run_id=run_id, ordinal=ordinal, state=state.value,
-            attempt=attempt, payload=None if terminal else payload, payload_digest=sha256(payload),
-            created_at=updated_at, updated_at=updated_at,
+            board=board,
+            task_id=task,
+            run_id=run_id,
+            ordinal=ordinal,
+            state=state.value,
+            attempt=attempt,
+            payload=None if terminal else payload,
+            payload_digest=sha256(payload),
+            created_at=updated_at,
+            updated_at=updated_at,
         )
         if state is not RowState.ASSIGNED:
             row.fence = n

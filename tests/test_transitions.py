@@ -24,16 +24,22 @@ from tests.conftest import NOW, RowFactory, row_state
 
 
 def envelope(offer: Offer, delivery_id: str = "d1", **over: Any) -> dict[str, Any]:
-    env = {"delivery_id": delivery_id, "board": offer.board, "task_id": offer.task_id,
-           "run_id": offer.run_id, "worker_ordinal": offer.ordinal, "attempt": offer.attempt,
-           "fence": offer.fence, "payload_digest": offer.payload_digest}
+    env = {
+        "delivery_id": delivery_id,
+        "board": offer.board,
+        "task_id": offer.task_id,
+        "run_id": offer.run_id,
+        "worker_ordinal": offer.ordinal,
+        "attempt": offer.attempt,
+        "fence": offer.fence,
+        "payload_digest": offer.payload_digest,
+    }
     env.update(over)
     return env
 
 
 def given_running(store: PoolStore, ordinal: int = 0, task_id: str = "t1") -> Offer:
-    store.add_run(board="b", task_id=task_id, run_id=1, ordinal=ordinal,
-                  payload={"title": task_id}, now=NOW)
+    store.add_run(board="b", task_id=task_id, run_id=1, ordinal=ordinal, payload={"title": task_id}, now=NOW)
     offer = store.offer(ordinal, now=NOW)
     assert offer is not None
     return offer
@@ -44,7 +50,9 @@ def given_running(store: PoolStore, ordinal: int = 0, task_id: str = "t1") -> Of
 
 def test_add_then_identical_add_is_a_noop(store: PoolStore) -> None:
     assert store.add_run(board="b", task_id="t", run_id=1, ordinal=0, payload={"a": 1}, now=NOW) == "added"
-    assert store.add_run(board="b", task_id="t", run_id=1, ordinal=0, payload={"a": 1}, now=NOW) == "duplicate"
+    assert (
+        store.add_run(board="b", task_id="t", run_id=1, ordinal=0, payload={"a": 1}, now=NOW) == "duplicate"
+    )
     with store.session() as s:
         assert queries.counts_by_state(s)["assigned"] == 1
 
@@ -67,8 +75,9 @@ def test_add_refuses_ordinal_outside_the_pool(store: PoolStore, ordinal: int) ->
 
 def test_add_refuses_credentials_in_the_payload(store: PoolStore) -> None:
     with pytest.raises(InvalidInput, match=r"payload\.env\.DB_PASSWORD"):
-        store.add_run(board="b", task_id="t", run_id=1, ordinal=0,
-                      payload={"env": {"DB_PASSWORD": "hunter2"}}, now=NOW)
+        store.add_run(
+            board="b", task_id="t", run_id=1, ordinal=0, payload={"env": {"DB_PASSWORD": "hunter2"}}, now=NOW
+        )
     with store.session() as s:
         assert sum(queries.counts_by_state(s).values()) == 0
 
@@ -93,7 +102,10 @@ def test_offer_gives_nothing_for_an_empty_or_busy_ordinal(store: PoolStore) -> N
 def test_reoffer_after_expiry_keeps_identity_with_new_fence(store: PoolStore) -> None:
     first = given_running(store, 0)
     with store.session() as s:
-        assert transitions.expire(s, first.row_id, max_attempts=3, now=first.lease_until + 1) is RowState.ASSIGNED
+        assert (
+            transitions.expire(s, first.row_id, max_attempts=3, now=first.lease_until + 1)
+            is RowState.ASSIGNED
+        )
     again = store.offer(0, now=first.lease_until + 2)
     assert again is not None
     assert (again.row_id, again.task_id, again.run_id) == (first.row_id, first.task_id, first.run_id)
@@ -145,8 +157,7 @@ def test_result_moves_the_row_to_result_once(store: PoolStore) -> None:
     assert store.accept_result(env, now=NOW) == "duplicate"
     assert store.accept_result({**env, "delivery_id": "r2"}, now=NOW) == "duplicate"
     with pytest.raises(DeliveryConflict, match="different result"):
-        store.accept_result({**env, "delivery_id": "r3", "payload": {"status": "done", "answer": 7}},
-                            now=NOW)
+        store.accept_result({**env, "delivery_id": "r3", "payload": {"status": "done", "answer": 7}}, now=NOW)
     row = row_state(store, offer.row_id)
     assert row["state"] == "result" and '"answer":42' in row["result"]
 
@@ -175,7 +186,9 @@ def test_expire_due_rows_are_exactly_those_whose_lease_ended(store: PoolStore, m
         assert queries.due_expired(s, now=NOW + 1, limit=10) == [due, at_cutoff]
 
 
-def test_expire_reoffers_until_the_last_attempt_then_lease_failed(store: PoolStore, make_row: RowFactory) -> None:
+def test_expire_reoffers_until_the_last_attempt_then_lease_failed(
+    store: PoolStore, make_row: RowFactory
+) -> None:
     row = make_row(RowState.RUNNING, attempt=2, lease_until=NOW - 1)
     with store.session() as s:
         assert transitions.expire(s, row, max_attempts=3, now=NOW) is RowState.ASSIGNED

@@ -1,0 +1,70 @@
+"""States live in the schema: enum and CHECK agree, migrations match the models and are idempotent."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, text
+
+from board import KanbanBoard
+from board.schema import metadata as board_metadata
+from store import PoolStore
+from store.models import RowState
+from store.models import metadata as store_metadata
+
+
+def test_state_check_in_the_database_lists_exactly_the_enum(store: PoolStore) -> None:
+    checks = inspect(store.engine).get_check_constraints("assignments")
+    state_check = next(c["sqltext"] for c in checks if c["name"] == "ck_assignments_state")
+    assert set(re.findall(r"'(\w+)'", state_check)) == {s.value for s in RowState}
+
+
+@pytest.mark.parametrize("which", ["store", "board"])
+def test_migrations_match_the_models_and_rerun_as_noop(
+    store: PoolStore, kanban: KanbanBoard, which: str
+) -> None:
+    engine, metadata = (store.engine, store_metadata) if which == "store" else (kanban.engine, board_metadata)
+    (store.migrate if which == "store" else kanban.migrate)()  # second run: nothing to do
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"version_table": f"{which}_alembic_version"})
+        foreign = _other_tables(which) | {"store_alembic_version", "board_alembic_version"}
+        diff = [d for d in compare_metadata(ctx, metadata) if _table_of(d) not in foreign]
+        assert diff == []
+        assert conn.execute(text(f"SELECT count(*) FROM {which}_alembic_version")).scalar() == 1
+
+
+def _table_of(diff: object) -> str:
+    """The table an autogenerate diff entry is about (the shared database holds both schemas)."""
+    obj = diff[1] if isinstance(diff, tuple) else None
+    table = getattr(obj, "table", obj)
+    return str(getattr(table, "name", ""))
+
+
+def _other_tables(which: str) -> set[str]:
+    other = board_metadata if which == "store" else store_metadata
+    return set(other.tables)
+
+
+def test_database_refuses_a_second_live_row_on_an_ordinal(store: PoolStore) -> None:
+    store.add_run(board="b", task_id="t1", run_id=1, ordinal=0, payload={}, now=0)
+    with pytest.raises(Exception, match=r"(?i)unique|duplicate"), store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO assignments (board, task_id, run_id, ordinal, state, attempt, payload,"
+                " payload_digest, created_at, updated_at, failures, next_attempt_at, quarantined)"
+                " VALUES ('b', 't2', 1, 0, 'assigned', 1, '{}', 'x', 0, 0, 0, 0, false)"
+            )
+        )
+
+
+def test_scanner_indexes_exist(store: PoolStore) -> None:
+    names = {ix["name"] for ix in inspect(store.engine).get_indexes("assignments")}
+    assert {
+        "ux_assignments_live_ordinal",
+        "ix_assignments_running_lease",
+        "ix_assignments_state_due",
+        "ix_assignments_terminal_age",
+    } <= names

@@ -1,0 +1,242 @@
+"""A Hypothesis state machine over the store's transitions, checking SPEC invariants 1-6 after every step.
+
+Profiles: ``ci`` (the default, a few hundred examples) and ``long``
+(``HYPOTHESIS_PROFILE=long``) for a deeper search on demand.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from sqlalchemy import text
+
+from poolkeeper.errors import DeliveryConflict, LostRace, OrdinalTaken, PoolError, StaleHolder
+from poolkeeper.settings import Settings
+from store import PoolStore, queries, transitions
+from store.models import RowState
+from store.transitions import Offer
+
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "long",
+    max_examples=3000,
+    stateful_step_count=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+POOL = 3
+LEASE = 30.0
+TEMPLATE_DIR = tempfile.mkdtemp(prefix="pk-template-")
+TEMPLATE = f"{TEMPLATE_DIR}/template.db"
+_tpl = PoolStore(Settings(database_url=f"sqlite:///{TEMPLATE}"))
+_tpl.migrate()
+_tpl.engine.dispose()
+
+
+@dataclass
+class Model:
+    live_on: dict[int, int] = field(default_factory=dict)  # ordinal -> row id
+    settled: set[int] = field(default_factory=set)  # rows we made terminal
+    added: dict[tuple[str, int], int] = field(default_factory=dict)  # (task, run) -> row id
+    last_fence: int = 0
+    holders: list[Offer] = field(default_factory=list)  # every lease ever granted
+    sent: list[tuple[float, str, dict[str, Any]]] = field(default_factory=list)  # accepted deliveries
+
+
+class StoreMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="pk-prop-")
+        shutil.copy(TEMPLATE, f"{self.dir}/pool.db")
+        self.store = PoolStore(
+            Settings(
+                database_url=f"sqlite:///{self.dir}/pool.db",
+                pool_size=POOL,
+                lease_seconds=LEASE,
+                max_attempts=2,
+            )
+        )
+        self.now = 1_000_000.0
+        self.m = Model()
+        self.n = 0
+
+    def teardown(self) -> None:
+        self.store.engine.dispose()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _next(self) -> int:
+        self.n += 1
+        return self.n
+
+    @rule(ordinal=st.integers(0, POOL - 1), task=st.sampled_from(["a", "b", "c", "d"]))
+    def add(self, ordinal: int, task: str) -> None:
+        run = self._next()
+        try:
+            self.store.add_run(
+                board="b", task_id=task, run_id=run, ordinal=ordinal, payload={"t": task}, now=self.now
+            )
+        except OrdinalTaken:
+            assert ordinal in self.m.live_on
+            return
+        assert ordinal not in self.m.live_on
+        with self.store.session() as s:
+            row_id = s.scalar(text("SELECT id FROM assignments WHERE run_id = :r"), {"r": run})
+        self.m.live_on[ordinal] = row_id
+        self.m.added[(task, run)] = row_id
+
+    @precondition(lambda self: self.m.added)
+    @rule(data=st.data())
+    def add_again(self, data: st.DataObject) -> None:
+        (task, run) = data.draw(st.sampled_from(sorted(self.m.added)))
+        if not self._exists(self.m.added[(task, run)]):
+            return  # collected after its retention: the identity may be claimed afresh
+        try:
+            self.store.add_run(
+                board="b", task_id=task, run_id=run, ordinal=0, payload={"t": task}, now=self.now
+            )
+        except PoolError:
+            return
+        with self.store.session() as s:  # accepted only as an identical duplicate
+            assert s.scalar(text("SELECT ordinal FROM assignments WHERE run_id = :r"), {"r": run}) == 0
+
+    @rule(ordinal=st.integers(0, POOL - 1))
+    def offer(self, ordinal: int) -> None:
+        got = self.store.offer(ordinal, now=self.now)
+        if got is not None:
+            assert got.fence > self.m.last_fence, "fences are monotonic"
+            assert self.m.live_on.get(ordinal) == got.row_id
+            self.m.last_fence = got.fence
+            self.m.holders.append(got)
+
+    @rule(dt=st.sampled_from([1.0, LEASE / 2, LEASE, LEASE + 1, 4000.0]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+
+    @precondition(lambda self: self.m.holders)
+    @rule(data=st.data(), as_result=st.booleans())
+    def deliver(self, data: st.DataObject, as_result: bool) -> None:
+        holder = data.draw(st.sampled_from(self.m.holders))
+        env = _envelope(holder, f"d{self._next()}", as_result)
+        with self.store.session(readonly=True) as s:
+            row = transitions.get_row(s, holder.row_id) if self._exists(holder.row_id) else None
+        current = (
+            row is not None
+            and row.state == "running"
+            and row.fence == holder.fence
+            and (row.lease_until or 0) >= self.now
+        )
+        try:
+            (self.store.accept_result if as_result else self.store.heartbeat)(env, now=self.now)
+        except (StaleHolder, DeliveryConflict, LostRace, PoolError):
+            assert not current or (as_result and row is not None and row.result_digest is not None)
+            return
+        assert current or (as_result and row is not None and row.result_digest is not None), (
+            "a stale holder's delivery was applied"
+        )
+        self.m.sent.append((self.now, "result" if as_result else "heartbeat", env))
+
+    @precondition(lambda self: self.m.sent)
+    @rule(data=st.data())
+    def replay(self, data: st.DataObject) -> None:
+        _, kind, env = data.draw(st.sampled_from(self.m.sent))
+        call = self.store.accept_result if kind == "result" else self.store.heartbeat
+        assert call(env, now=self.now) == "duplicate"
+        tampered = {**env, "payload_digest": "e" * 64}
+        try:
+            call(tampered, now=self.now)
+            raise AssertionError("a reused delivery id with other content was accepted")
+        except DeliveryConflict:
+            pass
+
+    @rule()
+    def expire(self) -> None:
+        with self.store.session() as s:
+            due = queries.due_expired(s, now=self.now, limit=100)
+        for row_id in due:
+            with self.store.session() as s:
+                new = transitions.expire(s, row_id, max_attempts=2, now=self.now)
+            if new is RowState.LEASE_FAILED:
+                self._release(row_id)
+
+    @rule(
+        to=st.sampled_from([RowState.FINALIZED, RowState.STALE]),
+        source=st.sampled_from([RowState.RESULT, RowState.LEASE_FAILED, RowState.ASSIGNED]),
+    )
+    def settle(self, to: RowState, source: RowState) -> None:
+        with self.store.session() as s:
+            rows = [(r.id, r.attempt) for r in queries.rows(s, state=source)]
+        for row_id, attempt in rows[:1]:
+            with self.store.session() as s:
+                transitions.settle(
+                    s, row_id, to, expect_state=source.value, expect_attempt=attempt, now=self.now
+                )
+            self.m.settled.add(row_id)
+            self._release(row_id)
+
+    @rule()
+    def gc(self) -> None:
+        with self.store.session() as s:
+            _, deliveries = transitions.collect_garbage(s, retention_seconds=3600, batch=1000, now=self.now)
+        kept = [d for d in self.m.sent if d[0] >= self.now - 3600]
+        assert deliveries == len(self.m.sent) - len(kept)
+        self.m.sent = kept  # past the retention a delivery id is forgotten, by design
+
+    def _release(self, row_id: int) -> None:
+        self.m.live_on = {o: r for o, r in self.m.live_on.items() if r != row_id}
+
+    def _exists(self, row_id: int) -> bool:
+        with self.store.session(readonly=True) as s:
+            return s.scalar(text("SELECT 1 FROM assignments WHERE id = :i"), {"i": row_id}) is not None
+
+    @invariant()
+    def store_invariants(self) -> None:
+        with self.store.session(readonly=True) as s:
+            rows = {r.id: r for r in queries.rows(s, limit=10_000)}
+        live = [r for r in rows.values() if r.state in ("assigned", "running", "result")]
+        # 1. at most one live row per ordinal, and the model agrees which
+        assert len({r.ordinal for r in live}) == len(live)
+        assert {r.ordinal: r.id for r in live} == self.m.live_on
+        for r in rows.values():
+            # 2. terminal only through an evidence-backed settle; compacted when terminal
+            if r.state in ("finalized", "stale"):
+                assert r.id in self.m.settled and r.payload is None and r.result is None
+            # 4. a running row holds the newest fence it was granted
+            if r.state == "running":
+                assert r.fence == max(h.fence for h in self.m.holders if h.row_id == r.id)
+        # 3 + 6. every claimed run still has its row, unless it was terminal and collected
+        for row_id in self.m.added.values():
+            assert row_id in rows or row_id in self.m.settled, f"row {row_id} lost"
+
+
+def _envelope(holder: Offer, delivery_id: str, as_result: bool) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "delivery_id": delivery_id,
+        "board": holder.board,
+        "task_id": holder.task_id,
+        "run_id": holder.run_id,
+        "worker_ordinal": holder.ordinal,
+        "attempt": holder.attempt,
+        "fence": holder.fence,
+        "payload_digest": holder.payload_digest,
+    }
+    if as_result:
+        env["payload"] = {"status": "done", "by": holder.fence}
+    return env
+
+
+TestStoreMachine = StoreMachine.TestCase
