@@ -149,6 +149,28 @@ def requeue(row: Annotated[int, typer.Argument(help="Row id (see `poolctl rows`)
     out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}, {got.state}) requeued")
 
 
+@app.command()
+def maintain(
+    once: Annotated[bool, typer.Option("--once", help="Run every pass once, in-process.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run every maintenance pass once, synchronously, with the plane's per-row code."""
+    if not once:
+        raise InvalidInput(
+            "maintain",
+            "only --once is supported here; run `celery -A tasks worker -B` for the continuous plane",
+        )
+    from tasks.maintain import maintain_once
+    from tasks.plane import Plane
+
+    summary = maintain_once(Plane.from_settings(_settings()), time.time())
+    data = {name: dict(outcomes) for name, outcomes in summary.items()}
+    table = Table("pass", "outcomes")
+    for name, outcomes in data.items():
+        table.add_row(name, " ".join(f"{k}={v}" for k, v in sorted(outcomes.items())) or "-")
+    _emit(data, table, as_json)
+
+
 # --- board ---------------------------------------------------------------------
 
 

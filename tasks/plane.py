@@ -1,0 +1,190 @@
+"""What every pass works with: settings, store, board, and Redis coordination.
+
+Coordination is three small things kept in Redis, all of them advisory
+(correctness comes from the store's conditional updates and fences):
+
+- row locks: ``SET key token NX PX ttl``, released only by their token;
+- pending markers: at most one queued message per (pass, key);
+- ordinal reservations: an ordinal promised to a claim that is on its way.
+
+``LocalCoordination`` is the same in one process, for ``poolctl maintain --once``
+without Redis and for unit tests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis
+
+from board import Board, open_board
+from poolkeeper.errors import TransientError
+from poolkeeper.settings import Settings
+from store import PoolStore
+
+PREFIX = "poolkeeper"
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+class Coordination(Protocol):
+    def lock(self, key: str) -> str | None: ...
+
+    def unlock(self, key: str, token: str) -> None: ...
+
+    def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]: ...
+
+    def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None: ...
+
+    def is_pending(self, pass_name: str, key: str) -> bool: ...
+
+    def reserve(self, ordinal: int) -> bool: ...
+
+    def release(self, ordinal: int) -> None: ...
+
+
+class RedisCoordination:
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.r = client
+        self.lock_ms = int(settings.lock_ttl_seconds * 1000)
+        # A marker outlives any message it stands for: a lost message is redelivered
+        # within the visibility timeout, so it never needs a second one.
+        self.pending_s = int(settings.visibility_timeout + settings.task_time_limit)
+        self.reserve_s = int(2 * settings.task_time_limit + settings.tick_seconds)
+
+    def lock(self, key: str) -> str | None:
+        token = uuid.uuid4().hex
+        with _redis_errors():
+            return token if self.r.set(f"{PREFIX}:lock:{key}", token, nx=True, px=self.lock_ms) else None
+
+    def unlock(self, key: str, token: str) -> None:
+        with _redis_errors():
+            self.r.eval(_RELEASE, 1, f"{PREFIX}:lock:{key}", token)
+
+    def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]:
+        keys = list(keys)
+        with _redis_errors(), self.r.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.set(f"{PREFIX}:pending:{pass_name}:{key}", "1", nx=True, ex=self.pending_s)
+            won = pipe.execute()
+        return [key for key, ok in zip(keys, won, strict=True) if ok]
+
+    def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None:
+        names = [f"{PREFIX}:pending:{pass_name}:{key}" for key in keys]
+        if names:
+            with _redis_errors():
+                self.r.delete(*names)
+
+    def is_pending(self, pass_name: str, key: str) -> bool:
+        with _redis_errors():
+            return bool(self.r.exists(f"{PREFIX}:pending:{pass_name}:{key}"))
+
+    def reserve(self, ordinal: int) -> bool:
+        with _redis_errors():
+            return bool(self.r.set(f"{PREFIX}:reserved:{ordinal}", "1", nx=True, ex=self.reserve_s))
+
+    def release(self, ordinal: int) -> None:
+        with _redis_errors():
+            self.r.delete(f"{PREFIX}:reserved:{ordinal}")
+
+
+class LocalCoordination:
+    """In-process coordination (one process, no Redis)."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._locks: dict[str, str] = {}
+        self._pending: set[tuple[str, str]] = set()
+        self._reserved: set[int] = set()
+
+    def lock(self, key: str) -> str | None:
+        with self._mu:
+            if key in self._locks:
+                return None
+            self._locks[key] = token = uuid.uuid4().hex
+            return token
+
+    def unlock(self, key: str, token: str) -> None:
+        with self._mu:
+            if self._locks.get(key) == token:
+                del self._locks[key]
+
+    def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]:
+        with self._mu:
+            fresh = [k for k in keys if (pass_name, k) not in self._pending]
+            self._pending.update((pass_name, k) for k in fresh)
+            return fresh
+
+    def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None:
+        with self._mu:
+            self._pending.difference_update((pass_name, k) for k in keys)
+
+    def is_pending(self, pass_name: str, key: str) -> bool:
+        return (pass_name, key) in self._pending
+
+    def reserve(self, ordinal: int) -> bool:
+        with self._mu:
+            if ordinal in self._reserved:
+                return False
+            self._reserved.add(ordinal)
+            return True
+
+    def release(self, ordinal: int) -> None:
+        with self._mu:
+            self._reserved.discard(ordinal)
+
+
+class _redis_errors:
+    """Redis trouble (connection refused, timeout) is transient: retry the row later."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: object) -> None:
+        if isinstance(err, redis.RedisError | OSError):
+            raise TransientError(f"redis: {err}") from err
+
+
+@dataclass
+class Plane:
+    settings: Settings
+    store: PoolStore
+    board: Board
+    coord: Coordination
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, local: bool = False) -> Plane:
+        coord: Coordination
+        if local or not settings.redis_url:
+            coord = LocalCoordination()
+        else:
+            client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+            coord = RedisCoordination(client, settings)
+        return cls(settings, PoolStore(settings), open_board(settings), coord)
+
+
+_current: Plane | None = None
+_current_lock = threading.Lock()
+
+
+def current() -> Plane:
+    """This process's plane, built on first use (never at import or start-up)."""
+    global _current
+    with _current_lock:
+        if _current is None:
+            _current = Plane.from_settings(Settings.from_env())
+        return _current
+
+
+def forget_after_fork() -> None:
+    """A forked child builds its own plane: no connection is shared across a fork."""
+    global _current
+    _current = None
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,51 @@
+"""Recover result.
+
+Qualifies: a ``result`` row (a worker delivered; the board does not know yet)
+whose backoff has run out.
+Does: applies the stored result to the board for the exact run: completes it,
+or parks it when the result says ``blocked``; then ``finalized``. When the
+board refuses, its answer is the evidence: the run moved on or vanished gives
+``stale``; the run already left ``running`` (a replay after a crash, or an
+operator) gives ``finalized``; still running means retry (``TransientError``).
+A stored result that cannot be read (poisoned data) raises and is recorded on
+this row only. Replaying this pass is harmless: the board calls are
+compare-and-set and the settle is conditional.
+Returns: ``"finalized"`` or ``"stale"``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from board import TaskStatus
+from poolkeeper.errors import LostRace, TransientError
+from store import queries, transitions
+from store.models import RowState
+from tasks.plane import Plane
+
+
+def due(plane: Plane, now: float, limit: int) -> list[int]:
+    with plane.store.session(readonly=True) as s:
+        return queries.due_in_state(s, RowState.RESULT, now=now, limit=limit)
+
+
+def run(plane: Plane, row_id: int, now: float) -> str:
+    with plane.store.session(readonly=True) as s:
+        row = transitions.get_row(s, row_id)
+    if row.state != RowState.RESULT.value:
+        raise LostRace(f"row {row_id} is {row.state} now")
+    result = json.loads(row.result or "")
+    if result["status"] == "blocked":
+        applied = plane.board.block_task(row.board, row.task_id, str(result["reason"]), "worker", row.run_id)
+    else:
+        applied = plane.board.complete_task(row.board, row.task_id, row.run_id, result)
+    to = RowState.FINALIZED
+    if not applied:
+        task = plane.board.get_task(row.board, row.task_id)
+        if task is None or task.current_run_id != row.run_id:
+            to = RowState.STALE
+        elif task.status is TaskStatus.RUNNING:
+            raise TransientError(f"board refused the result of {row.board}/{row.task_id} run {row.run_id}")
+    with plane.store.session() as s:
+        transitions.settle(s, row_id, to, expect_state=row.state, expect_attempt=row.attempt, now=now)
+    return to.value

@@ -1,0 +1,51 @@
+"""Scanners: cheap indexed queries that find due keys and enqueue per-key work.
+
+A key is enqueued only if its pending marker could be set, so the queue holds
+at most one message per (pass, key) however often the scanners (or two beats)
+run and however slow the workers are. Keys travel in batches of
+``batch_size``; each one still gets its own lock and transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tasks import expire, lease_failures, materialize, results
+from tasks.plane import Plane
+from tasks.runner import key_name
+
+Enqueue = Callable[[str, list[Any]], None]
+DUE: dict[str, Callable[[Plane, float, int], list[int]]] = {
+    "expire": expire.due,
+    "lease_failures": lease_failures.due,
+    "results": results.due,
+}
+
+
+def scan(plane: Plane, pass_name: str, now: float, enqueue: Enqueue) -> int:
+    """Enqueue the due rows of one row pass; returns how many keys were enqueued."""
+    due = DUE[pass_name](plane, now, plane.settings.scan_limit)
+    return submit(plane, pass_name, due, enqueue)
+
+
+def scan_boards(plane: Plane, enqueue: Enqueue) -> int:
+    return submit(plane, "reconcile", plane.board.list_boards(), enqueue)
+
+
+def dispatch(plane: Plane, enqueue: Enqueue) -> int:
+    return submit(plane, "materialize", materialize.dispatch(plane), enqueue)
+
+
+def submit(plane: Plane, pass_name: str, keys: Sequence[Any], enqueue: Enqueue) -> int:
+    by_name = {key_name(pass_name, k): k for k in keys}
+    fresh = [by_name[n] for n in plane.coord.mark_pending(pass_name, by_name)]
+    size = plane.settings.batch_size
+    for start in range(0, len(fresh), size):
+        batch = fresh[start : start + size]
+        try:
+            enqueue(pass_name, batch)
+        except Exception:
+            plane.coord.clear_pending(pass_name, (key_name(pass_name, k) for k in fresh[start:]))
+            raise
+    return len(fresh)

@@ -1,0 +1,331 @@
+"""The maintenance passes as plain functions: real SQLite store and board, fixed clock, local locks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from board import FlakyBoard, KanbanBoard, TaskStatus
+from poolkeeper.errors import TransientError
+from store import PoolStore, queries
+from store.models import RowState
+from tasks import materialize, runner
+from tasks.maintain import maintain_once
+from tasks.plane import LocalCoordination, Plane
+from tests.conftest import NOW, row_state
+
+
+@pytest.fixture
+def plane(store: PoolStore, kanban: KanbanBoard) -> Iterator[Plane]:
+    yield Plane(store.settings, store, kanban, LocalCoordination())
+
+
+def claimed(plane: Plane, kanban: KanbanBoard, n: int = 1, board: str = "b") -> list[int]:
+    """Given n tasks claimed by dispatch and materialized: their row ids."""
+    for i in range(n):
+        kanban.add_task(board, f"task {i}", task_id=f"{board}{i}")
+    for claim in materialize.dispatch(plane):
+        assert runner.run_key(plane, "materialize", claim, NOW) == "added"
+    with plane.store.session() as s:
+        return [r.id for r in queries.rows(s)][-n:]
+
+
+def running_row(plane: Plane, kanban: KanbanBoard) -> int:
+    [row] = claimed(plane, kanban)
+    ordinal = row_state(plane.store, row)["ordinal"]
+    assert plane.store.offer(ordinal, now=NOW) is not None
+    return row
+
+
+def past_lease(plane: Plane) -> float:
+    return NOW + plane.settings.lease_seconds + 1
+
+
+# --- dispatch and materialize ---------------------------------------------------
+
+
+def test_dispatch_claims_no_more_than_free_ordinals(plane: Plane, kanban: KanbanBoard) -> None:
+    for i in range(5):
+        kanban.add_task("b", f"t{i}", task_id=f"t{i}")
+    claims = materialize.dispatch(plane)
+    assert sorted(c["ordinal"] for c in claims) == [0, 1, 2]
+    assert materialize.dispatch(plane) == []  # the ordinals are reserved for the claims in flight
+    assert kanban.counts_by_status()["ready"] == 2
+
+
+def test_dispatch_surfaces_a_programming_error(plane: Plane) -> None:
+    class ChangedBoard(KanbanBoard):
+        def claim_ready(self, *args: Any, **kwargs: Any) -> Any:
+            raise AttributeError("claim_ready() got an unexpected keyword 'lane'")
+
+    plane.board = ChangedBoard(plane.settings.board_url)
+    with pytest.raises(AttributeError):
+        materialize.dispatch(plane)
+    assert all(plane.coord.reserve(o) for o in range(3)), "reservations were released"
+
+
+def test_dispatch_absorbs_a_busy_board(plane: Plane, kanban: KanbanBoard) -> None:
+    kanban.add_task("b", "t", task_id="t")
+    plane.board = FlakyBoard(kanban, busy_rate=0.999999)
+    assert materialize.dispatch(plane) == []
+    assert kanban.counts_by_status()["ready"] == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "lane", "outcome", "status", "kind"),
+    [
+        ("plain text", "pool", "added", TaskStatus.RUNNING, None),
+        ('{"api_token": "s3cr3t"}', "pool", "parked", TaskStatus.BLOCKED, "capability"),
+        ("{not json", "pool", "parked", TaskStatus.BLOCKED, "capability"),
+    ],
+)
+def test_materialize_parks_only_runs_that_cannot_be_served(
+    plane: Plane,
+    kanban: KanbanBoard,
+    body: str,
+    lane: str,
+    outcome: str,
+    status: TaskStatus,
+    kind: str | None,
+) -> None:
+    kanban.add_task("b", "t", body, task_id="t", lane=lane)
+    [claim] = materialize.dispatch(plane)
+    assert runner.run_key(plane, "materialize", claim, NOW) == outcome
+    task = kanban.get_task("b", "t")
+    assert task is not None and task.status is status and task.block_kind == kind
+    with plane.store.session() as s:
+        assert sum(queries.counts_by_state(s).values()) == (1 if outcome == "added" else 0)
+
+
+def test_materialize_of_a_vanished_moved_or_duplicate_claim_changes_nothing(
+    plane: Plane, kanban: KanbanBoard
+) -> None:
+    for t in ("gone", "moved", "dup"):
+        kanban.add_task("b", t, task_id=t)
+    claims = {c["task_id"]: c for c in materialize.dispatch(plane)}
+    kanban.delete_task("b", "gone")
+    kanban.reassign_task("b", "moved", assignee="alice", lane="humans")
+    assert runner.run_key(plane, "materialize", claims["gone"], NOW) == "vanished"
+    assert runner.run_key(plane, "materialize", claims["moved"], NOW) == "moved_on"
+    assert runner.run_key(plane, "materialize", claims["dup"], NOW) == "added"
+    assert runner.run_key(plane, "materialize", claims["dup"], NOW) == "duplicate"
+    assert kanban.get_task("b", "moved").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_materialize_on_a_taken_ordinal_is_deferred_without_touching_the_board(
+    plane: Plane, kanban: KanbanBoard
+) -> None:
+    [row] = claimed(plane, kanban)
+    kanban.add_task("b", "late", task_id="late")
+    [claim] = kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
+    taken = row_state(plane.store, row)["ordinal"]
+    job = {"board": "b", "task_id": "late", "run_id": claim.run_id, "ordinal": taken}
+    assert runner.run_key(plane, "materialize", job, NOW) == "deferred"
+    assert kanban.get_task("b", "late").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+
+
+# --- expire ----------------------------------------------------------------------
+
+
+def test_expire_reoffers_then_fails_after_the_last_attempt(plane: Plane, kanban: KanbanBoard) -> None:
+    row = running_row(plane, kanban)
+    t = NOW
+    for attempt in range(1, plane.settings.max_attempts + 1):
+        t += plane.settings.lease_seconds + 1
+        expected = "reoffered" if attempt < plane.settings.max_attempts else "lease_failed"
+        assert runner.run_key(plane, "expire", row, t) == expected
+        if expected == "reoffered":
+            assert plane.store.offer(row_state(plane.store, row)["ordinal"], now=t) is not None
+    got = row_state(plane.store, row)
+    assert got["state"] == "lease_failed" and got["attempt"] == plane.settings.max_attempts
+
+
+def test_expire_leaves_a_live_lease_alone(plane: Plane, kanban: KanbanBoard) -> None:
+    row = running_row(plane, kanban)
+    lease_until = row_state(plane.store, row)["lease_until"]
+    assert runner.run_key(plane, "expire", row, lease_until) == "lost_race"
+    assert row_state(plane.store, row)["state"] == "running"
+
+
+# --- recover lease failure -------------------------------------------------------
+
+
+def lease_failed_row(plane: Plane, kanban: KanbanBoard) -> int:
+    row = running_row(plane, kanban)
+    with plane.store.session() as s:
+        s.execute(text("UPDATE assignments SET state='lease_failed', attempt=3 WHERE id=:i"), {"i": row})
+    return row
+
+
+def test_lease_failure_parks_the_exact_run_then_finalizes(plane: Plane, kanban: KanbanBoard) -> None:
+    row = lease_failed_row(plane, kanban)
+    assert runner.run_key(plane, "lease_failures", row, NOW) == "finalized"
+    task = kanban.get_task("b", "b0")
+    assert task is not None and task.status is TaskStatus.BLOCKED
+    assert (task.block_kind, task.block_reason) == ("transient", "lease expired after 3 fenced attempts")
+
+
+@pytest.mark.parametrize(
+    ("board_move", "expected"),
+    [
+        ("delete", "stale"),
+        ("reassign", "stale"),
+        ("cancel", "finalized"),
+    ],
+)
+def test_lease_failure_settles_on_the_boards_evidence(
+    plane: Plane, kanban: KanbanBoard, board_move: str, expected: str
+) -> None:
+    row = lease_failed_row(plane, kanban)
+    {
+        "delete": lambda: kanban.delete_task("b", "b0"),
+        "reassign": lambda: kanban.reassign_task("b", "b0", assignee="bob", lane="pool"),
+        "cancel": lambda: kanban.cancel_task("b", "b0"),
+    }[board_move]()
+    assert runner.run_key(plane, "lease_failures", row, NOW) == expected
+    assert row_state(plane.store, row)["state"] == expected
+
+
+def test_busy_board_keeps_the_row_lease_failed_and_never_collected(plane: Plane, kanban: KanbanBoard) -> None:
+    row = lease_failed_row(plane, kanban)
+    plane.board = FlakyBoard(kanban, poison=frozenset({"b0"}))
+    with pytest.raises(TransientError):
+        runner.run_key(plane, "lease_failures", row, NOW)
+    runner.run_key(plane, "gc", "all", NOW + 10 * plane.settings.retention_seconds)
+    assert row_state(plane.store, row)["state"] == "lease_failed"
+    plane.board = kanban  # the board answers again
+    assert runner.run_key(plane, "lease_failures", row, NOW) == "finalized"
+
+
+# --- recover result ---------------------------------------------------------------
+
+
+def deliver(plane: Plane, row: int, payload: dict[str, Any]) -> None:
+    r = row_state(plane.store, row)
+    plane.store.accept_result(
+        {
+            "delivery_id": f"r{row}",
+            "board": r["board"],
+            "task_id": r["task_id"],
+            "run_id": r["run_id"],
+            "worker_ordinal": r["ordinal"],
+            "attempt": r["attempt"],
+            "fence": r["fence"],
+            "payload_digest": r["payload_digest"],
+            "payload": payload,
+        },
+        now=NOW,
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "status"),
+    [
+        ({"status": "done", "answer": 42}, TaskStatus.DONE),
+        ({"status": "blocked", "reason": "needs a human"}, TaskStatus.BLOCKED),
+    ],
+)
+def test_result_is_applied_to_the_exact_run_and_replay_is_harmless(
+    plane: Plane, kanban: KanbanBoard, payload: dict[str, Any], status: TaskStatus
+) -> None:
+    row = running_row(plane, kanban)
+    deliver(plane, row, payload)
+    assert runner.run_key(plane, "results", row, NOW) == "finalized"
+    task = kanban.get_task("b", "b0")
+    assert task is not None and task.status is status
+    assert runner.run_key(plane, "results", row, NOW) == "lost_race"  # replay: nothing twice
+
+
+def test_crash_between_board_and_store_is_recovered_as_finalized(plane: Plane, kanban: KanbanBoard) -> None:
+    row = running_row(plane, kanban)
+    deliver(plane, row, {"status": "done"})
+    assert kanban.complete_task("b", "b0", 1, {"status": "done"})  # the board write landed, then a crash
+    assert runner.run_key(plane, "results", row, NOW) == "finalized"
+
+
+def test_poisoned_result_is_quarantined_and_others_go_on(
+    plane: Plane, kanban: KanbanBoard, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = claimed(plane, kanban, 3)
+    for row in rows:
+        assert plane.store.offer(row_state(plane.store, row)["ordinal"], now=NOW) is not None
+        deliver(plane, row, {"status": "done"})
+    poisoned = rows[1]
+    with plane.store.session() as s:
+        s.execute(text("UPDATE assignments SET result='{broken' WHERE id=:i"), {"i": poisoned})
+    caplog.set_level(logging.INFO, "poolkeeper")
+    outcomes = [runner.run_batch(plane, "results", rows, NOW).outcomes for _ in range(3)]
+    assert outcomes[0] == {"finalized": 2, "failed": 1}
+    assert outcomes[2] == {"lost_race": 2, "quarantined": 1}
+    got = row_state(plane.store, poisoned)
+    assert got["state"] == "result" and got["quarantined"] and "JSONDecodeError" in got["last_error"]
+    failure_lines = [r for r in caplog.records if "JSONDecodeError" in r.getMessage()]
+    assert len(failure_lines) == 1, "an unchanged failure is reported once"
+
+
+# --- reconcile ---------------------------------------------------------------------
+
+
+def test_reconcile_releases_moved_runs_and_adopts_orphans(plane: Plane, kanban: KanbanBoard) -> None:
+    [row] = claimed(plane, kanban)
+    kanban.reassign_task("b", "b0", assignee="alice", lane="humans")
+    kanban.add_task("b", "orphan", task_id="orphan")
+    kanban.add_task("b", "human", task_id="human", lane="humans")
+    kanban.claim_ready(5, assignee="poolkeeper", lane="pool")  # claimed; the materialize never came
+    kanban.claim_ready(5, assignee="poolkeeper", lane="humans")  # not the pool's lane: never adopted
+    assert runner.run_key(plane, "reconcile", "b", NOW) == "adopted=1 stale=1"
+    assert row_state(plane.store, row)["state"] == "stale"
+    with plane.store.session() as s:
+        live = [(r.task_id, r.attempt) for r in queries.rows(s, state=RowState.ASSIGNED)]
+    assert live == [("orphan", 1)]
+    assert runner.run_key(plane, "reconcile", "b", NOW) == "nothing"
+
+
+def test_reconcile_never_adopts_a_run_that_has_a_row_in_any_state(plane: Plane, kanban: KanbanBoard) -> None:
+    row = lease_failed_row(plane, kanban)
+    assert runner.run_key(plane, "reconcile", "b", NOW) == "nothing"
+    assert row_state(plane.store, row)["state"] == "lease_failed"
+
+
+def test_one_failing_board_does_not_stop_the_next(plane: Plane, kanban: KanbanBoard) -> None:
+    kanban.add_task("bad", "x", task_id="x")
+    kanban.add_task("good", "y", task_id="y")
+    kanban.claim_ready(5, assignee="poolkeeper", lane="pool")
+
+    class OneBoardDown(FlakyBoard):
+        def running_tasks(self, board: str) -> Any:
+            if board == "bad":
+                raise RuntimeError("bad board's index is corrupt")
+            return super().running_tasks(board)
+
+    plane.board = OneBoardDown(kanban)
+    summary = maintain_once(plane, NOW)
+    assert summary["reconcile"] == {"failed": 1, "adopted=1": 1}
+
+
+def test_maintain_once_runs_a_claim_to_the_board(plane: Plane, kanban: KanbanBoard) -> None:
+    kanban.add_task("b", "x", task_id="x")
+    assert maintain_once(plane, NOW)["materialize"] == {"added": 1}
+    offer = plane.store.offer(0, now=NOW)
+    assert offer is not None
+    row = offer.row_id
+    deliver(plane, row, {"status": "done"})
+    assert maintain_once(plane, NOW)["results"] == {"finalized": 1}
+    assert kanban.get_task("b", "x").status is TaskStatus.DONE  # type: ignore[union-attr]
+
+
+def test_reporter_logs_each_distinct_detail_once_with_bounded_memory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rep = runner.Reporter(size=2)
+    caplog.set_level(logging.INFO, "poolkeeper")
+    for detail in ["a", "a", "b", "b", "a"]:
+        rep.once("expire", "1", detail)
+    for key in "234":
+        rep.once("expire", key, "x")
+    assert [r.getMessage() for r in caplog.records][:3] == ["expire 1: a", "expire 1: b", "expire 1: a"]
+    assert len(rep._seen) == 2
