@@ -1,8 +1,9 @@
 """Fault injection for the demo and the fault tests: a board that is sometimes busy.
 
 Wraps any ``Board``. A call fails with ``TransientError`` (as a locked SQLite
-board would) at ``busy_rate``, and always for the poisoned task ids. It is
-enabled only through the ``POOL_CHAOS_*`` settings.
+board would) at ``busy_rate``. Calls about a poisoned task id always fail
+with an unexpected error, as corrupt data would. It is enabled only through
+the ``POOL_CHAOS_*`` settings.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from typing import Any
 
 from board.protocol import Board, BoardTask, Claim
 from poolkeeper.errors import TransientError
+
+
+class PoisonedTask(RuntimeError):
+    """Not a PoolError on purpose: it stands for a bug or corrupt data."""
 
 
 class FlakyBoard:
@@ -30,7 +35,7 @@ class FlakyBoard:
 
     def _maybe_fail(self, task_id: str | None = None) -> None:
         if task_id is not None and task_id in self.poison:
-            raise TransientError(f"board: task {task_id} is poisoned (chaos)")
+            raise PoisonedTask(f"board: task {task_id} is poisoned (chaos)")
         if self.busy_rate and self.rng.random() < self.busy_rate:
             raise TransientError("board: database is locked (chaos)")
 

@@ -280,6 +280,14 @@ class KanbanBoard:
                 counts[status] = n
         return counts
 
+    def pool_runs(self, assignee: str) -> list[tuple[str, str, int, str]]:
+        """Every run ever claimed as ``assignee``: (board, task_id, run_id, outcome)."""
+        stmt = select(runs.c.board, runs.c.task_id, runs.c.run_id, runs.c.outcome).where(
+            runs.c.assignee == assignee
+        )
+        with self._tx(readonly=True) as conn:
+            return [(b, t, int(r), o) for b, t, r, o in conn.execute(stmt)]
+
     def has_board(self, board: str) -> bool:
         with self._tx(readonly=True) as conn:
             return conn.scalar(select(boards.c.name).where(boards.c.name == board)) is not None

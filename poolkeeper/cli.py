@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -169,6 +170,46 @@ def maintain(
     for name, outcomes in data.items():
         table.add_row(name, " ".join(f"{k}={v}" for k, v in sorted(outcomes.items())) or "-")
     _emit(data, table, as_json)
+
+
+@app.command()
+def demo(
+    tasks: Annotated[int, typer.Option(min=1, help="Board tasks to seed.")] = 200,
+    pool_size: Annotated[int, typer.Option(min=1, max=64, help="Worker ordinals.")] = 6,
+    crash_rate: Annotated[float, typer.Option(min=0, max=1, help="Workers dying on a run.")] = 0.05,
+    hang_rate: Annotated[float, typer.Option(min=0, max=1, help="Workers hanging past their lease.")] = 0.02,
+    poison: Annotated[int, typer.Option(min=0, help="Tasks the board fails on, every time.")] = 2,
+    board_busy_rate: Annotated[float, typer.Option(min=0, max=0.9, help="Board calls failing busy.")] = 0.02,
+    lease: Annotated[float, typer.Option(min=0.5, help="Lease seconds.")] = 3.0,
+    timeout: Annotated[float, typer.Option(min=10, help="Give up after this many seconds.")] = 600,
+    workdir: Annotated[Path | None, typer.Option(help="Keep the databases and logs here.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for the injected faults.")] = None,
+) -> None:
+    """Run the embedded end-to-end demo (no Redis or database to install)."""
+    from poolkeeper.demo import Demo, DemoOptions
+
+    if crash_rate + hang_rate >= 1:
+        raise InvalidInput("--crash-rate/--hang-rate", "together they must stay below 1")
+    if poison > tasks:
+        raise InvalidInput("--poison", f"cannot exceed --tasks ({tasks})")
+    opts = DemoOptions(
+        tasks=tasks,
+        pool_size=pool_size,
+        crash_rate=crash_rate,
+        hang_rate=hang_rate,
+        poison=poison,
+        board_busy_rate=board_busy_rate,
+        lease_seconds=lease,
+        timeout=timeout,
+        workdir=workdir,
+        seed=seed,
+    )
+    try:
+        code = Demo(opts, out).run()
+    except KeyboardInterrupt:
+        print("poolctl demo: interrupted; everything it started is stopped", file=sys.stderr)
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
 
 
 # --- board ---------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from poolkeeper import db
@@ -39,6 +39,12 @@ class PoolStore:
         engine = db.readonly(self.engine) if readonly else self.engine
         with db.transaction(engine, "pool store") as s:
             yield s
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A Core-level write transaction, for batches that take a savepoint per row."""
+        with db.transient_errors("pool store"), self.engine.begin() as conn:
+            yield conn
 
     def offer(self, ordinal: int, *, now: float | None = None) -> Offer | None:
         with self.session() as s:

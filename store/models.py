@@ -124,6 +124,8 @@ class Assignment(Base):
             postgresql_where=text(TERMINAL_SQL),
         ),
         Index("ix_assignments_board_state", "board", "state"),
+        # Row ids name rows in logs, locks and `poolctl requeue`: never reuse one after GC.
+        {"sqlite_autoincrement": True},
     )
 
 

@@ -17,7 +17,7 @@ A = Assignment
 _LIVE = [s.value for s in LIVE_STATES]
 
 
-def due_expired(s: Session, *, now: float, limit: int) -> list[int]:
+def due_expired(s: Session, *, now: float, limit: int, offset: int = 0) -> list[int]:
     """``running`` rows whose lease ended (``0 < lease_until < now``), oldest lease first."""
     stmt = (
         select(A.id)
@@ -27,19 +27,21 @@ def due_expired(s: Session, *, now: float, limit: int) -> list[int]:
             A.lease_until < now,
             A.next_attempt_at <= now,
         )
-        .order_by(A.lease_until)
+        .order_by(A.lease_until, A.id)
         .limit(limit)
+        .offset(offset)
     )
     return list(s.scalars(stmt))
 
 
-def due_in_state(s: Session, state: RowState, *, now: float, limit: int) -> list[int]:
+def due_in_state(s: Session, state: RowState, *, now: float, limit: int, offset: int = 0) -> list[int]:
     """Rows in ``state`` whose backoff has run out, longest waiting first."""
     stmt = (
         select(A.id)
         .where(A.state == state.value, A.next_attempt_at <= now)
         .order_by(A.next_attempt_at, A.id)
         .limit(limit)
+        .offset(offset)
     )
     return list(s.scalars(stmt))
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, cast
 
-from sqlalchemy import delete, exc, func, select, update
+from sqlalchemy import Connection, Table, bindparam, case, delete, exc, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -206,26 +206,49 @@ def accept_result(s: Session, env: Envelope, *, now: float) -> Literal["applied"
     return "applied"
 
 
-def expire(s: Session, row_id: int, *, max_attempts: int, now: float) -> RowState:
-    """Fence out a ``running`` row whose lease ended: re-offer it, or ``lease_failed`` at the end."""
-    row = get_row(s, row_id)
-    if row.state != RowState.RUNNING.value or not (0 < (row.lease_until or 0) < now):
-        raise LostRace(f"row {row_id} is {row.state}, lease until {row.lease_until}: not due")
-    if row.attempt < max_attempts:
-        new_state, changes = RowState.ASSIGNED, {"attempt": row.attempt + 1, "lease_until": None}
-    else:
-        new_state, changes = RowState.LEASE_FAILED, {}
-    _guarded(
-        s,
-        row_id,
-        "expire",
-        {A.state: RowState.RUNNING.value, A.attempt: row.attempt, A.fence: row.fence},
-        state=new_state.value,
-        updated_at=now,
-        **changes,
-        **_CLEAR_BOOKKEEPING,
+class Expiry(NamedTuple):
+    state: RowState  # ASSIGNED (re-offered) or LEASE_FAILED
+    lease_until: float  # when the fenced-out lease ended
+
+
+def _expire_statement() -> Any:
+    """Built once: the hottest transition in a storm should not rebuild its SQL per row."""
+    table = cast(Table, A.__table__)
+    t = table.c
+    reoffer = t.attempt < bindparam("max_attempts")
+    return (
+        table.update()
+        .where(
+            t.id == bindparam("row_id"),
+            t.state == RowState.RUNNING.value,
+            t.lease_until > 0,
+            t.lease_until < bindparam("now"),
+        )
+        .values(
+            state=case((reoffer, RowState.ASSIGNED.value), else_=RowState.LEASE_FAILED.value),
+            attempt=case((reoffer, t.attempt + 1), else_=t.attempt),
+            updated_at=bindparam("now"),
+            **_CLEAR_BOOKKEEPING,
+        )
+        .returning(t.state, t.lease_until)
     )
-    return new_state
+
+
+_EXPIRE = _expire_statement()
+
+
+def expire(s: Session | Connection, row_id: int, *, max_attempts: int, now: float) -> Expiry:
+    """Fence out a ``running`` row whose lease ended: re-offer it, or ``lease_failed`` at the end.
+
+    One guarded UPDATE: it matches only while the row is ``running`` with an
+    ended lease, so a duplicate message or a race with a fresh offer finds nothing.
+    The old lease stays on the row (an ``assigned`` row ignores it) for the metrics.
+    """
+    conn = s.connection() if isinstance(s, Session) else s
+    got = conn.execute(_EXPIRE, {"row_id": row_id, "max_attempts": max_attempts, "now": now}).first()
+    if got is None:
+        raise LostRace(f"expire: row {row_id} is not running with an ended lease")
+    return Expiry(RowState(got.state), float(got.lease_until))
 
 
 def settle(

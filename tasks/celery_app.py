@@ -112,7 +112,7 @@ def process(self: Task, pass_name: str, keys: list[Any]) -> None:
         log.warning("%s: soft time limit hit; the unfinished keys are rescanned", pass_name)
         _clear(plane, pass_name, keys)
         return
-    finished = list(result.done)
+    finished = [key for key, _ in result.done]
     again = []
     for key, err in result.transient:
         if self.request.retries < plane.settings.transient_retries:

@@ -32,9 +32,11 @@ _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del
 
 
 class Coordination(Protocol):
-    def lock(self, key: str) -> str | None: ...
+    def lock_many(self, keys: list[str]) -> list[str | None]:
+        """One token per key, or None where another worker holds the lock."""
+        ...
 
-    def unlock(self, key: str, token: str) -> None: ...
+    def unlock_many(self, held: dict[str, str]) -> None: ...
 
     def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]: ...
 
@@ -56,14 +58,21 @@ class RedisCoordination:
         self.pending_s = int(settings.visibility_timeout + settings.task_time_limit)
         self.reserve_s = int(2 * settings.task_time_limit + settings.tick_seconds)
 
-    def lock(self, key: str) -> str | None:
-        token = uuid.uuid4().hex
-        with _redis_errors():
-            return token if self.r.set(f"{PREFIX}:lock:{key}", token, nx=True, px=self.lock_ms) else None
+    def lock_many(self, keys: list[str]) -> list[str | None]:
+        tokens = [uuid.uuid4().hex for _ in keys]
+        with _redis_errors(), self.r.pipeline(transaction=False) as pipe:
+            for key, token in zip(keys, tokens, strict=True):
+                pipe.set(f"{PREFIX}:lock:{key}", token, nx=True, px=self.lock_ms)
+            won = pipe.execute()
+        return [token if ok else None for token, ok in zip(tokens, won, strict=True)]
 
-    def unlock(self, key: str, token: str) -> None:
-        with _redis_errors():
-            self.r.eval(_RELEASE, 1, f"{PREFIX}:lock:{key}", token)
+    def unlock_many(self, held: dict[str, str]) -> None:
+        if not held:
+            return
+        with _redis_errors(), self.r.pipeline(transaction=False) as pipe:
+            for key, token in held.items():
+                pipe.eval(_RELEASE, 1, f"{PREFIX}:lock:{key}", token)
+            pipe.execute()
 
     def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]:
         keys = list(keys)
@@ -101,17 +110,21 @@ class LocalCoordination:
         self._pending: set[tuple[str, str]] = set()
         self._reserved: set[int] = set()
 
-    def lock(self, key: str) -> str | None:
+    def lock_many(self, keys: list[str]) -> list[str | None]:
         with self._mu:
-            if key in self._locks:
-                return None
-            self._locks[key] = token = uuid.uuid4().hex
-            return token
+            tokens: list[str | None] = []
+            for key in keys:
+                token = None if key in self._locks else uuid.uuid4().hex
+                if token is not None:
+                    self._locks[key] = token
+                tokens.append(token)
+            return tokens
 
-    def unlock(self, key: str, token: str) -> None:
+    def unlock_many(self, held: dict[str, str]) -> None:
         with self._mu:
-            if self._locks.get(key) == token:
-                del self._locks[key]
+            for key, token in held.items():
+                if self._locks.get(key) == token:
+                    del self._locks[key]
 
     def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]:
         with self._mu:

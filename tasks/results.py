@@ -24,9 +24,9 @@ from store.models import RowState
 from tasks.plane import Plane
 
 
-def due(plane: Plane, now: float, limit: int) -> list[int]:
+def due(plane: Plane, now: float, limit: int, offset: int = 0) -> list[int]:
     with plane.store.session(readonly=True) as s:
-        return queries.due_in_state(s, RowState.RESULT, now=now, limit=limit)
+        return queries.due_in_state(s, RowState.RESULT, now=now, limit=limit, offset=offset)
 
 
 def run(plane: Plane, row_id: int, now: float) -> str:

@@ -16,17 +16,30 @@ from tasks.plane import Plane
 from tasks.runner import key_name
 
 Enqueue = Callable[[str, list[Any]], None]
-DUE: dict[str, Callable[[Plane, float, int], list[int]]] = {
+DUE: dict[str, Callable[[Plane, float, int, int], list[int]]] = {
     "expire": expire.due,
     "lease_failures": lease_failures.due,
     "results": results.due,
 }
 
 
+MAX_PAGES = 10
+
+
 def scan(plane: Plane, pass_name: str, now: float, enqueue: Enqueue) -> int:
-    """Enqueue the due rows of one row pass; returns how many keys were enqueued."""
-    due = DUE[pass_name](plane, now, plane.settings.scan_limit)
-    return submit(plane, pass_name, due, enqueue)
+    """Enqueue up to ``scan_limit`` due rows of one row pass; returns how many were enqueued.
+
+    Rows already pending are skipped by paging on, so a backlog at the head of
+    the index never hides the due rows behind it (bounded: ``MAX_PAGES`` pages).
+    """
+    limit = plane.settings.scan_limit
+    enqueued = 0
+    for page in range(MAX_PAGES):
+        due = DUE[pass_name](plane, now, limit, page * limit)
+        enqueued += submit(plane, pass_name, due, enqueue)
+        if len(due) < limit or enqueued >= limit:
+            break
+    return enqueued
 
 
 def scan_boards(plane: Plane, enqueue: Enqueue) -> int:

@@ -7,6 +7,7 @@ import sqlite3
 import pytest
 
 from board import FlakyBoard, KanbanBoard, TaskStatus
+from board.faults import PoisonedTask
 from poolkeeper.errors import InvalidInput, NotFound, TransientError
 
 
@@ -105,6 +106,6 @@ def test_flaky_board_fails_poisoned_tasks_every_time(kanban: KanbanBoard) -> Non
     kanban.add_task("b", "x", task_id="bad")
     flaky = FlakyBoard(kanban, poison=frozenset({"bad"}))
     for _ in range(3):
-        with pytest.raises(TransientError, match="bad"):
+        with pytest.raises(PoisonedTask, match="bad"):
             flaky.get_task("b", "bad")
     assert flaky.list_boards() == ["b"]

@@ -192,7 +192,7 @@ def test_lease_failure_settles_on_the_boards_evidence(
 
 def test_busy_board_keeps_the_row_lease_failed_and_never_collected(plane: Plane, kanban: KanbanBoard) -> None:
     row = lease_failed_row(plane, kanban)
-    plane.board = FlakyBoard(kanban, poison=frozenset({"b0"}))
+    plane.board = FlakyBoard(kanban, busy_rate=0.999999)
     with pytest.raises(TransientError):
         runner.run_key(plane, "lease_failures", row, NOW)
     runner.run_key(plane, "gc", "all", NOW + 10 * plane.settings.retention_seconds)

@@ -169,7 +169,7 @@ class StoreMachine(RuleBasedStateMachine):
             due = queries.due_expired(s, now=self.now, limit=100)
         for row_id in due:
             with self.store.session() as s:
-                new = transitions.expire(s, row_id, max_attempts=2, now=self.now)
+                new = transitions.expire(s, row_id, max_attempts=2, now=self.now).state
             if new is RowState.LEASE_FAILED:
                 self._release(row_id)
 

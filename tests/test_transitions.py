@@ -103,7 +103,7 @@ def test_reoffer_after_expiry_keeps_identity_with_new_fence(store: PoolStore) ->
     first = given_running(store, 0)
     with store.session() as s:
         assert (
-            transitions.expire(s, first.row_id, max_attempts=3, now=first.lease_until + 1)
+            transitions.expire(s, first.row_id, max_attempts=3, now=first.lease_until + 1).state
             is RowState.ASSIGNED
         )
     again = store.offer(0, now=first.lease_until + 2)
@@ -191,12 +191,15 @@ def test_expire_reoffers_until_the_last_attempt_then_lease_failed(
 ) -> None:
     row = make_row(RowState.RUNNING, attempt=2, lease_until=NOW - 1)
     with store.session() as s:
-        assert transitions.expire(s, row, max_attempts=3, now=NOW) is RowState.ASSIGNED
+        assert transitions.expire(s, row, max_attempts=3, now=NOW).state is RowState.ASSIGNED
     assert row_state(store, row)["attempt"] == 3
     offer = store.offer(0, now=NOW)
     assert offer is not None
     with store.session() as s:
-        assert transitions.expire(s, row, max_attempts=3, now=offer.lease_until + 1) is RowState.LEASE_FAILED
+        assert (
+            transitions.expire(s, row, max_attempts=3, now=offer.lease_until + 1).state
+            is RowState.LEASE_FAILED
+        )
         assert queries.free_ordinals(s, 3) == [0, 1, 2]
     assert row_state(store, row)["attempt"] == 3
 

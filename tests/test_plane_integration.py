@@ -1,0 +1,336 @@
+"""The plane end to end: real redis-server, real Celery worker and beat processes, real SQLite files."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from board import KanbanBoard, TaskStatus
+from poolkeeper.embedded import CeleryProc, RedisServer, wait_for
+from poolkeeper.errors import StaleHolder
+from poolkeeper.settings import Settings
+from poolkeeper.simulate import Faults, SimPool, envelope
+from store import PoolStore, queries
+from tasks import scan
+from tasks.plane import Plane, RedisCoordination
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class PlaneEnv:
+    tmp: Path
+    redis: RedisServer
+    settings: Settings
+    store: PoolStore
+    kanban: KanbanBoard
+    procs: list[CeleryProc] = field(default_factory=list)
+
+    def worker(self, name: str = "w1") -> CeleryProc:
+        proc = CeleryProc("worker", self.settings.env(), self.tmp, name)
+        self.procs.append(proc)
+        return proc.wait_ready()
+
+    def beat(self, name: str = "beat") -> CeleryProc:
+        proc = CeleryProc("beat", self.settings.env(), self.tmp, name)
+        self.procs.append(proc)
+        return proc.wait_ready()
+
+    def supervise(self) -> bool:
+        """Restart what crashed, as systemd's Restart=always does in production; always False."""
+        self.procs = [p.restarted(self.settings.env(), self.tmp) if p.crashed() else p for p in self.procs]
+        return False
+
+    def add_tasks(self, n: int, prefix: str = "t") -> list[str]:
+        return [self.kanban.add_task("b", f"task {i}", task_id=f"{prefix}{i:03d}") for i in range(n)]
+
+    def rows(self) -> dict[str, Any]:
+        with self.store.session(readonly=True) as s:
+            return {r.task_id: r for r in queries.rows(s, limit=100_000)}
+
+    def board_done(self, ids: list[str]) -> bool:
+        done = {t.id for t in self.kanban.list_tasks("b", TaskStatus.DONE)}
+        return set(ids) <= done
+
+    def board_settled(self, ids: list[str]) -> bool:
+        """Every task done, or parked after its last fenced attempt."""
+        ended = {
+            t.id for t in self.kanban.list_tasks("b") if t.status in (TaskStatus.DONE, TaskStatus.BLOCKED)
+        }
+        return set(ids) <= ended
+
+
+def make_settings(tmp: Path, redis_url: str, **over: Any) -> Settings:
+    base: dict[str, Any] = dict(
+        database_url=f"sqlite:///{tmp}/pool.db",
+        board_url=f"sqlite:///{tmp}/board.db",
+        redis_url=redis_url,
+        pool_size=4,
+        lease_seconds=2.0,
+        max_attempts=2,
+        tick_seconds=0.3,
+        reconcile_seconds=1.0,
+        gc_seconds=5.0,
+        quarantine_after=3,
+        backoff_base_seconds=0.2,
+        backoff_max_seconds=1.0,
+        quarantine_retry_seconds=3.0,
+        transient_retries=3,
+        task_time_limit=10.0,
+        visibility_timeout=15.0,
+        batch_size=10,
+    )
+    base.update(over)
+    return Settings(**base)
+
+
+@pytest.fixture
+def env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PlaneEnv]:
+    server = RedisServer(tmp_path).start()
+    marker = request.node.get_closest_marker("plane_settings")
+    settings = make_settings(tmp_path, server.url, **(marker.kwargs if marker else {}))
+    store, kanban = PoolStore(settings), KanbanBoard(settings.board_url)
+    store.migrate()
+    kanban.migrate()
+    e = PlaneEnv(tmp_path, server, settings, store, kanban)
+    yield e
+    for proc in e.procs:
+        proc.stop()
+    server.stop()
+
+
+def assert_one_live_row_per_ordinal(e: PlaneEnv) -> None:
+    with e.store.session(readonly=True) as s:
+        dup = s.execute(
+            text(
+                "SELECT ordinal, count(*) FROM assignments WHERE state IN"
+                " ('assigned','running','result') GROUP BY ordinal HAVING count(*) > 1"
+            )
+        ).all()
+    assert dup == []
+
+
+def test_every_task_ends_done_and_every_row_finalized(env: PlaneEnv) -> None:
+    ids = env.add_tasks(40)
+    env.worker()
+    env.beat()
+    pool = SimPool(env.store, Faults(work_seconds=0.05), seed=1).start()
+    try:
+        wait_for("every task done", lambda: env.board_done(ids), 90)
+        wait_for(
+            "every row finalized",
+            lambda: all(r.state == "finalized" for r in env.rows().values()) and len(env.rows()) == 40,
+            30,
+        )
+    finally:
+        pool.stop()
+    assert {r.attempt for r in env.rows().values()} == {1}
+    # every pending marker was cleared by the message it stood for (none left to expire)
+    wait_for("no pending markers", lambda: not env.redis.client().keys("poolkeeper:pending:*"), 5)
+
+
+@pytest.mark.plane_settings(max_attempts=2, lease_seconds=1.5)
+def test_expiry_fences_the_old_holder_then_parks_the_exact_run(env: PlaneEnv) -> None:
+    [task] = env.add_tasks(1)
+    env.worker()
+    env.beat()
+    first = wait_for(
+        "the claim to reach an ordinal",
+        lambda: env.store.offer(0) or env.store.offer(1) or env.store.offer(2) or env.store.offer(3),
+        30,
+    )
+    row = first.row_id  # type: ignore[attr-defined]
+
+    def reoffered() -> Any:
+        return env.store.offer(first.ordinal)  # type: ignore[attr-defined]
+
+    second = wait_for("the re-offer with attempt 2", reoffered, 30)
+    assert (second.attempt, second.row_id) == (2, row)  # type: ignore[attr-defined]
+    assert second.fence > first.fence  # type: ignore[attr-defined]
+    for stale in (
+        lambda: env.store.heartbeat(envelope(first)),
+        lambda: env.store.accept_result(envelope(first, payload={"status": "done"})),
+    ):
+        with pytest.raises(StaleHolder):
+            stale()
+    wait_for("the run parked and the row finalized", lambda: env.rows()[task].state == "finalized", 30)
+    parked = env.kanban.get_task("b", task)
+    assert parked is not None and parked.status is TaskStatus.BLOCKED
+    assert parked.block_reason == "lease expired after 2 fenced attempts"
+
+
+def _poison_result(e: PlaneEnv, task_id: str) -> None:
+    with e.store.session() as s:
+        s.execute(
+            text("UPDATE assignments SET result='{corrupt' WHERE task_id=:t AND state='result'"),
+            {"t": task_id},
+        )
+
+
+@pytest.mark.plane_settings(chaos_poison_tasks="p000,p001")
+def test_poisoned_rows_are_quarantined_and_healthy_rows_finish_on_time(env: PlaneEnv) -> None:
+    healthy = env.add_tasks(30, "h")
+    poisoned_board = ["p000", "p001"]  # the board itself fails for these tasks
+    env.add_tasks(2, "p")
+    # a corrupted stored result, present before the plane even starts
+    env.kanban.add_task("b", "corrupt", task_id="c000")
+    [claim] = env.kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
+    env.store.add_run(board="b", task_id="c000", run_id=claim.run_id, ordinal=3, payload={"t": 1})
+    offer = env.store.offer(3)
+    assert offer is not None
+    env.store.accept_result(envelope(offer, payload={"status": "done"}))
+    _poison_result(env, "c000")
+
+    started = time.monotonic()
+    env.worker()
+    env.beat()
+    pool = SimPool(env.store, Faults(work_seconds=0.05), seed=2).start()
+    try:
+        wait_for("healthy tasks done", lambda: env.board_done(healthy), 90)
+        healthy_seconds = time.monotonic() - started
+        wait_for(
+            "poisoned rows quarantined",
+            lambda: all(t in env.rows() and env.rows()[t].quarantined for t in [*poisoned_board, "c000"]),
+            90,
+        )
+    finally:
+        pool.stop()
+    rows = env.rows()
+    assert "JSONDecodeError" in rows["c000"].last_error
+    assert all("poisoned" in rows[t].last_error for t in poisoned_board)
+    assert healthy_seconds < 90
+    assert_one_live_row_per_ordinal(env)
+
+
+@pytest.mark.plane_settings(max_attempts=1, lease_seconds=1.0)
+def test_busy_board_keeps_lease_failed_until_it_answers(env: PlaneEnv) -> None:
+    [task] = env.add_tasks(1)
+    env.worker()
+    env.beat()
+    wait_for("a lease taken", lambda: any(env.store.offer(o) for o in range(4)), 30)
+    blocker = sqlite3.connect(f"{env.tmp}/board.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the board's write lock
+    try:
+        wait_for("lease_failed", lambda: env.rows()[task].state == "lease_failed", 30)
+        wait_for("a failed recovery attempt", lambda: env.rows()[task].last_error, 40)
+        assert env.rows()[task].state == "lease_failed"
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    wait_for("settled once the board answers", lambda: env.rows()[task].state == "finalized", 40)
+    assert env.kanban.get_task("b", task).status is TaskStatus.BLOCKED  # type: ignore[union-attr]
+
+
+def test_killed_worker_converges_after_restart(env: PlaneEnv) -> None:
+    ids = env.add_tasks(40)
+    worker = env.worker("w1")
+    env.beat()
+    pool = SimPool(env.store, Faults(work_seconds=0.1, crash_rate=0.1), seed=3).start()
+    try:
+        wait_for("some progress", lambda: sum(r.state == "finalized" for r in env.rows().values()) >= 5, 60)
+        children = worker.children()
+        assert children, "the prefork worker has children"
+        os.kill(children[0], signal.SIGKILL)
+        time.sleep(0.5)  # the main process notices its lost child; not a correctness wait
+        worker.kill()
+        assert_one_live_row_per_ordinal(env)
+        env.worker("w2")
+        wait_for("every task done or parked after restart", lambda: env.board_settled(ids), 120)
+    finally:
+        pool.stop()
+    assert set(env.rows()) == set(ids)
+    wait_for(
+        "every row terminal", lambda: all(r.state in ("finalized", "stale") for r in env.rows().values()), 30
+    )
+    assert_one_live_row_per_ordinal(env)
+
+
+def test_two_beats_apply_no_transition_twice(env: PlaneEnv) -> None:
+    ids = env.add_tasks(30)
+    env.worker()
+    env.beat("beat1")
+    env.beat("beat2")
+    pool = SimPool(env.store, Faults(work_seconds=0.05), seed=4).start()
+    try:
+        wait_for("every task done", lambda: env.board_done(ids), 90)
+        wait_for("every row finalized", lambda: all(r.state == "finalized" for r in env.rows().values()), 30)
+    finally:
+        pool.stop()
+    with sqlite3.connect(f"{env.tmp}/board.db") as board:
+        runs = board.execute(
+            "SELECT task_id, count(*), sum(outcome = 'done') FROM runs GROUP BY task_id"
+        ).fetchall()
+    assert len(runs) == 30 and all(n == 1 and done == 1 for _, n, done in runs), "each task claimed once"
+    with env.store.session(readonly=True) as s:
+        fences = s.scalar(text("SELECT value FROM fence_sequence"))
+    assert {r.attempt for r in env.rows().values()} == {1}
+    assert fences == pool.stats["offers"] == 30, "each row was offered exactly once"
+
+
+def _queued(e: PlaneEnv) -> list[tuple[str, list[Any]]]:
+    out = []
+    for raw in e.redis.client().lrange("maintenance", 0, -1):
+        msg = json.loads(raw)
+        if msg["headers"]["task"] == "poolkeeper.process":
+            args = json.loads(base64.b64decode(msg["body"]))[0]
+            out.append((args[0], args[1]))
+    return out
+
+
+def test_a_storm_never_queues_more_than_one_message_per_row(env: PlaneEnv) -> None:
+    k = 60
+    settings = make_settings(env.tmp, env.redis.url, pool_size=k)
+    store = PoolStore(settings)
+    for i in range(k):  # K running rows whose leases ended long ago
+        store.add_run(board="b", task_id=f"s{i}", run_id=1, ordinal=i, payload={}, now=0)
+        assert store.offer(i, now=0) is not None
+    plane = Plane(settings, store, env.kanban, RedisCoordination(env.redis.client(), settings))
+    from tasks.celery_app import make_app
+
+    app = make_app(settings)
+
+    def enqueue(pass_name: str, keys: list[Any]) -> None:
+        app.send_task("poolkeeper.process", (pass_name, keys), queue="maintenance")
+
+    for _ in range(5):  # five ticks (or two beats) with no worker consuming: the slowest worker
+        scan.scan(plane, "expire", time.time(), enqueue)
+        queued = [key for pass_name, keys in _queued(env) if pass_name == "expire" for key in keys]
+        assert len(queued) == len(set(queued)) <= k
+    assert len(queued) == k
+    proc = CeleryProc("worker", settings.env(), env.tmp, "storm")
+    env.procs.append(proc.wait_ready())
+    wait_for("every row re-offered", lambda: all(r.state == "assigned" for r in env.rows().values()), 60)
+    assert {r.attempt for r in env.rows().values()} == {2}, "no row expired twice"
+
+
+def test_redis_outage_loses_nothing(env: PlaneEnv) -> None:
+    ids = env.add_tasks(30)
+    env.worker()
+    env.beat()
+    pool = SimPool(env.store, Faults(work_seconds=0.1), seed=5).start()
+    try:
+        wait_for("some progress", lambda: sum(r.state == "finalized" for r in env.rows().values()) >= 5, 60)
+        env.redis.stop()
+        time.sleep(3)  # the outage itself: the plane must ride it out
+        env.redis.start()
+        # kombu may crash a worker that acks while the broker is gone (an "Unrecoverable
+        # error" on a closed channel); with late acks nothing is lost and the supervisor
+        # restarts it, as the deploy/ units do.
+        wait_for("every task done after the outage", lambda: env.supervise() or env.board_done(ids), 120)
+    finally:
+        pool.stop()
+    rows = env.rows()
+    assert set(rows) == set(ids)
+    wait_for("every row finalized", lambda: all(r.state == "finalized" for r in env.rows().values()), 30)
+    assert_one_live_row_per_ordinal(env)
