@@ -9,20 +9,22 @@ or beat with poisoned rows in the store comes up and serves.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
 from celery import Celery, Task
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_process_init
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 from kombu.entity import Queue
 
 import beat_schedule
 from poolkeeper.errors import TransientError
 from poolkeeper.settings import Settings
+from store import PoolStore
 from store.transitions import backoff
+from tasks import metrics, runner, scan
 from tasks import plane as planes
-from tasks import runner, scan
 
 log = logging.getLogger("poolkeeper.maintenance")
 QUEUE = "maintenance"
@@ -57,6 +59,19 @@ app = make_app(Settings.from_env())
 @worker_process_init.connect
 def _fresh_plane_in_child(**_: Any) -> None:
     planes.forget_after_fork()
+
+
+@worker_init.connect
+def _export_metrics(**_: Any) -> None:
+    settings = Settings.from_env()
+    if settings.metrics_port:
+        metrics.start_exporter(settings.metrics_port, settings.http_host, PoolStore(settings))
+        log.info("metrics on http://%s:%d/metrics", settings.http_host, settings.metrics_port)
+
+
+@worker_process_shutdown.connect
+def _forget_child_metrics(pid: int | None = None, **_: Any) -> None:
+    metrics.child_exited(pid or os.getpid())
 
 
 def _enqueue(pass_name: str, keys: list[Any]) -> None:

@@ -1,14 +1,24 @@
 """Prometheus metrics of the maintenance plane (names documented in the README).
 
-Counters and the histogram live in the worker processes; with
-``PROMETHEUS_MULTIPROC_DIR`` set (``poolkeeper.metrics`` does it for a worker
-that exports) they are aggregated across prefork children. Gauges of rows by
-state are read from the store at scrape time.
+A worker exports them on ``POOL_METRICS_PORT`` (0 = off). Counters and the
+histogram are kept in each prefork child and aggregated through
+``PROMETHEUS_MULTIPROC_DIR`` (set here, before prometheus_client loads, when
+the worker exports and the operator named no directory). Rows by state and
+the quarantined count are read from the store at scrape time.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+if os.environ.get("POOL_METRICS_PORT", "0") not in ("", "0") and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="poolkeeper-metrics-")
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 
 PASS_OUTCOMES = Counter(
     "poolkeeper_pass_outcomes",
@@ -16,12 +26,44 @@ PASS_OUTCOMES = Counter(
     ["pass_name", "outcome"],
 )
 LOCK_BUSY = Counter(
-    "poolkeeper_lock_busy",
-    "Keys skipped because another worker held their lock.",
-    ["pass_name"],
+    "poolkeeper_lock_busy", "Keys skipped because another worker held their lock.", ["pass_name"]
 )
 EXPIRY_TO_REOFFER = Histogram(
     "poolkeeper_expiry_to_reoffer_seconds",
-    "Time from a lease's end to the row being re-offered.",
+    "Time from a lease's end to the row being re-offered (or failed).",
     buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),
 )
+
+
+class StoreCollector:
+    """Gauges read from the store when Prometheus scrapes."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from store import queries
+
+        with self.store.session(readonly=True) as s:
+            counts = queries.counts_by_state(s)
+            quarantined = queries.quarantined_count(s)
+        rows = GaugeMetricFamily("poolkeeper_rows", "Pool store rows by state.", labels=["state"])
+        for state, n in counts.items():
+            rows.add_metric([state], n)
+        yield rows
+        yield GaugeMetricFamily(
+            "poolkeeper_quarantined_rows", "Rows quarantined after repeated failures.", value=quarantined
+        )
+
+
+def start_exporter(port: int, host: str, store: Any) -> None:
+    """Serve /metrics from the worker's main process: all children's counters plus store gauges."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    registry.register(StoreCollector(store))
+    start_http_server(port, addr=host, registry=registry)
+
+
+def child_exited(pid: int) -> None:
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

@@ -8,8 +8,9 @@ import os
 import signal
 import sqlite3
 import time
+import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from board import KanbanBoard, TaskStatus
-from poolkeeper.embedded import CeleryProc, RedisServer, wait_for
+from poolkeeper.embedded import CeleryProc, RedisServer, free_port, wait_for
 from poolkeeper.errors import StaleHolder
 from poolkeeper.settings import Settings
 from poolkeeper.simulate import Faults, SimPool, envelope
@@ -334,3 +335,32 @@ def test_redis_outage_loses_nothing(env: PlaneEnv) -> None:
     assert set(rows) == set(ids)
     wait_for("every row finalized", lambda: all(r.state == "finalized" for r in env.rows().values()), 30)
     assert_one_live_row_per_ordinal(env)
+
+
+def test_worker_exports_prometheus_metrics(env: PlaneEnv) -> None:
+    port = free_port()
+    env.settings = replace(env.settings, metrics_port=port)
+    ids = env.add_tasks(5)
+    env.worker()
+    env.beat()
+    pool = SimPool(env.store, Faults(work_seconds=0.05), seed=6).start()
+    try:
+        wait_for("every task done", lambda: env.board_done(ids), 60)
+    finally:
+        pool.stop()
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            return str(resp.read().decode())
+
+    body = str(
+        wait_for(
+            "finalized rows in the metrics",
+            lambda: 'poolkeeper_rows{state="finalized"} 5.0' in scrape() and scrape(),
+            30,
+        )
+    )
+    assert 'poolkeeper_pass_outcomes_total{outcome="finalized",pass_name="results"}' in body
+    assert 'poolkeeper_pass_outcomes_total{outcome="added",pass_name="materialize"}' in body
+    assert "poolkeeper_quarantined_rows 0.0" in body
+    assert "poolkeeper_expiry_to_reoffer_seconds_bucket" in body
