@@ -139,7 +139,7 @@ class Demo:
                     return False
                 for i, proc in enumerate(self.procs):  # a supervisor's job, done here for the demo
                     if proc.crashed():
-                        self.procs[i] = proc.restarted(proc_env(store), self.workdir)
+                        self.procs[i] = proc.restarted(store.settings.env(), self.workdir)
                 time.sleep(0.5)
 
     def _summary(self, store: PoolStore, kanban: KanbanBoard, finished: bool, seconds: float) -> int:
@@ -171,10 +171,6 @@ class Demo:
         if not finished:
             c.print(f"did not settle within {self.opts.timeout:.0f}s")
         return 0 if finished and not any(problems.values()) else 1
-
-
-def proc_env(store: PoolStore) -> dict[str, str]:
-    return store.settings.env()
 
 
 def snapshot(store: PoolStore, kanban: KanbanBoard) -> dict[str, Any]:

@@ -64,9 +64,8 @@ class Settings:
     visibility_timeout: float = 3600.0
     # POOL_METRICS_PORT: Prometheus exporter port of a worker (0 = off).
     metrics_port: int = 0
-    # POOL_HTTP_HOST / POOL_HTTP_PORT: `poolctl serve`, the worker HTTP API.
+    # POOL_HTTP_HOST: the address the metrics exporter binds.
     http_host: str = "127.0.0.1"
-    http_port: int = 8700
     # POOL_CHAOS_BOARD_BUSY_RATE: fraction of board calls failing as "busy" (demo, fault tests).
     chaos_board_busy_rate: float = 0.0
     # POOL_CHAOS_POISON_TASKS: comma-separated task ids whose every board call fails.
@@ -102,7 +101,6 @@ class Settings:
             "greater than POOL_BACKOFF_MAX_SECONDS, POOL_QUARANTINE_RETRY_SECONDS and POOL_TASK_TIME_LIMIT",
         )
         _check(self.metrics_port, "POOL_METRICS_PORT", lambda v: 0 <= v <= 65535, "a port or 0")
-        _check(self.http_port, "POOL_HTTP_PORT", lambda v: 0 <= v <= 65535, "a port")
         _check(self.chaos_board_busy_rate, "POOL_CHAOS_BOARD_BUSY_RATE", lambda v: 0 <= v < 1, "in [0, 1)")
         for name in ("database_url", "board_url"):
             if not getattr(self, name):
