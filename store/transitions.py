@@ -29,7 +29,7 @@ from poolkeeper.errors import (
 )
 from poolkeeper.settings import Settings
 from store.envelope import Envelope
-from store.models import LIVE_STATES, TERMINAL_STATES, Assignment, Delivery, FenceSequence, RowState
+from store.models import TERMINAL_STATES, Assignment, Delivery, FenceSequence, RowState
 
 A = Assignment
 # A transition is progress: the row's failure streak ends with it.
@@ -446,7 +446,3 @@ def _record_delivery(s: Session, env: Envelope, kind: str, now: float) -> None:
     )
     if s.execute(stmt).scalar_one_or_none() is None:
         raise TransientError(f"delivery_id: {env.delivery_id!r} is being delivered concurrently; retry")
-
-
-def live_states() -> list[str]:
-    return [s.value for s in LIVE_STATES]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from poolkeeper import simulate
 from poolkeeper.errors import (
     DeliveryConflict,
     DuplicateIdentity,
@@ -24,18 +25,8 @@ from tests.conftest import NOW, RowFactory, row_state
 
 
 def envelope(offer: Offer, delivery_id: str = "d1", **over: Any) -> dict[str, Any]:
-    env = {
-        "delivery_id": delivery_id,
-        "board": offer.board,
-        "task_id": offer.task_id,
-        "run_id": offer.run_id,
-        "worker_ordinal": offer.ordinal,
-        "attempt": offer.attempt,
-        "fence": offer.fence,
-        "payload_digest": offer.payload_digest,
-    }
-    env.update(over)
-    return env
+    """The simulated workers' envelope, with a fixed delivery id so a test can replay it."""
+    return simulate.envelope(offer, delivery_id=delivery_id, **over)
 
 
 def given_running(store: PoolStore, ordinal: int = 0, task_id: str = "t1") -> Offer:
