@@ -14,10 +14,10 @@ Returns: ``"stale"`` or ``"finalized"``.
 
 from __future__ import annotations
 
-from board import TaskStatus
-from poolkeeper.errors import LostRace, TransientError
-from store import queries, transitions
+from poolkeeper.errors import TransientError
+from store import queries
 from store.models import RowState
+from tasks import evidence
 from tasks.plane import Plane
 
 
@@ -27,21 +27,11 @@ def due(plane: Plane, now: float, limit: int, offset: int = 0) -> list[int]:
 
 
 def run(plane: Plane, row_id: int, now: float) -> str:
-    # Read, ask the board, then write: no store transaction is held across a board call.
-    with plane.store.session(readonly=True) as s:
-        row = transitions.get_row(s, row_id)
-    if row.state != RowState.LEASE_FAILED.value:
-        raise LostRace(f"row {row_id} is {row.state} now")
-    task = plane.board.get_task(row.board, row.task_id)
-    if task is None or task.current_run_id != row.run_id:
-        to = RowState.STALE
-    elif task.status is not TaskStatus.RUNNING:
-        to = RowState.FINALIZED
-    else:
+    row = evidence.read_row(plane, row_id, RowState.LEASE_FAILED)
+    to = evidence.verdict(plane.board.get_task(row.board, row.task_id), row.run_id)
+    if to is None:
         reason = f"lease expired after {row.attempt} fenced attempts"
         if not plane.board.block_task(row.board, row.task_id, reason, "transient", row.run_id):
             raise TransientError(f"board refused to park {row.board}/{row.task_id} run {row.run_id}")
         to = RowState.FINALIZED
-    with plane.store.session() as s:
-        transitions.settle(s, row_id, to, expect_state=row.state, expect_attempt=row.attempt, now=now)
-    return to.value
+    return evidence.settle(plane, row, to, now)

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 
-from board import TaskStatus
-from poolkeeper.errors import LostRace, TransientError
-from store import queries, transitions
+from poolkeeper.errors import TransientError
+from store import queries
 from store.models import RowState
+from tasks import evidence
 from tasks.plane import Plane
 
 
@@ -30,22 +30,17 @@ def due(plane: Plane, now: float, limit: int, offset: int = 0) -> list[int]:
 
 
 def run(plane: Plane, row_id: int, now: float) -> str:
-    with plane.store.session(readonly=True) as s:
-        row = transitions.get_row(s, row_id)
-    if row.state != RowState.RESULT.value:
-        raise LostRace(f"row {row_id} is {row.state} now")
+    row = evidence.read_row(plane, row_id, RowState.RESULT)
     result = json.loads(row.result or "")
     if result["status"] == "blocked":
         applied = plane.board.block_task(row.board, row.task_id, str(result["reason"]), "worker", row.run_id)
     else:
         applied = plane.board.complete_task(row.board, row.task_id, row.run_id, result)
-    to = RowState.FINALIZED
-    if not applied:
-        task = plane.board.get_task(row.board, row.task_id)
-        if task is None or task.current_run_id != row.run_id:
-            to = RowState.STALE
-        elif task.status is TaskStatus.RUNNING:
-            raise TransientError(f"board refused the result of {row.board}/{row.task_id} run {row.run_id}")
-    with plane.store.session() as s:
-        transitions.settle(s, row_id, to, expect_state=row.state, expect_attempt=row.attempt, now=now)
-    return to.value
+    to = (
+        RowState.FINALIZED
+        if applied
+        else evidence.verdict(plane.board.get_task(row.board, row.task_id), row.run_id)
+    )
+    if to is None:
+        raise TransientError(f"board refused the result of {row.board}/{row.task_id} run {row.run_id}")
+    return evidence.settle(plane, row, to, now)
