@@ -127,6 +127,8 @@ def process(self: Task, pass_name: str, keys: list[Any]) -> None:
         log.warning("%s: soft time limit hit; the unfinished keys are rescanned", pass_name)
         _clear(plane, pass_name, keys)
         return
+    if summary := result.summary():
+        log.info("%s: %s", pass_name, summary)
     finished = [key for key, _ in result.done]
     again = []
     for key, err in result.transient:

@@ -52,6 +52,7 @@ class Coordination(Protocol):
 class RedisCoordination:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.r = client
+        self._release = client.register_script(_RELEASE)  # EVALSHA: the script is sent once
         self.lock_ms = int(settings.lock_ttl_seconds * 1000)
         # A marker outlives any message it stands for: a lost message is redelivered
         # within the visibility timeout, so it never needs a second one.
@@ -71,7 +72,7 @@ class RedisCoordination:
             return
         with _redis_errors(), self.r.pipeline(transaction=False) as pipe:
             for key, token in held.items():
-                pipe.eval(_RELEASE, 1, f"{PREFIX}:lock:{key}", token)
+                self._release(keys=[f"{PREFIX}:lock:{key}"], args=[token], client=pipe)
             pipe.execute()
 
     def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]:

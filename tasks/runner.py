@@ -45,7 +45,9 @@ PASSES: dict[str, PassFn] = {
     "gc": gc.run,
 }
 ROW_PASSES = ("expire", "lease_failures", "results")
-QUIET = {"lost_race", "nothing", "no_evidence", "lock_busy"}
+QUIET = {"lost_race", "nothing", "lock_busy"}
+# The everyday outcomes: one line per row only at DEBUG; the batch summary says how many.
+ROUTINE = {"reoffered", "finalized", "added"}
 
 
 def key_name(pass_name: str, key: Key) -> str:
@@ -244,5 +246,16 @@ class BatchResult:
     def finish(self, pass_name: str, key: Key, outcome: str) -> None:
         metrics.PASS_OUTCOMES.labels(pass_name, outcome).inc()
         if outcome not in QUIET:
-            log.info("%s %s: %s", pass_name, key_name(pass_name, key), outcome)
+            level = logging.DEBUG if outcome in ROUTINE else logging.INFO
+            log.log(level, "%s %s: %s", pass_name, key_name(pass_name, key), outcome)
         self.done.append((key, outcome))
+
+    def summary(self) -> str:
+        """``"reoffered=198 lock_busy=2"``, or empty when nothing happened worth a line."""
+        counts = self.outcomes
+        if not set(counts) - QUIET and not self.transient:
+            return ""
+        parts = [f"{k}={v}" for k, v in sorted(counts.items())]
+        if self.transient:
+            parts.append(f"transient={len(self.transient)}")
+        return " ".join(parts)

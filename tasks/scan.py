@@ -47,7 +47,14 @@ def scan_boards(plane: Plane, enqueue: Enqueue) -> int:
 
 
 def dispatch(plane: Plane, enqueue: Enqueue) -> int:
-    return submit(plane, "materialize", materialize.dispatch(plane), enqueue)
+    """One dispatch at a time, plane-wide: a slow or locked board then holds one worker, not all."""
+    [token] = plane.coord.lock_many(["dispatch"])
+    if token is None:
+        return 0
+    try:
+        return submit(plane, "materialize", materialize.dispatch(plane), enqueue)
+    finally:
+        plane.coord.unlock_many({"dispatch": token})
 
 
 def submit(plane: Plane, pass_name: str, keys: Sequence[Any], enqueue: Enqueue) -> int:
