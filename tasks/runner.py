@@ -35,7 +35,7 @@ PassFn = Callable[[Plane, Any, float], str]
 ConnectionPassFn = Callable[[Connection, Plane, Any, float], str]
 
 # Store-only passes: a batch shares one transaction, a savepoint per key.
-SESSION_PASSES: dict[str, ConnectionPassFn] = {"expire": expire.run_in}
+CONNECTION_PASSES: dict[str, ConnectionPassFn] = {"expire": expire.run_in}
 # Passes that talk to the board: each key in its own short transactions, none held across a board call.
 PASSES: dict[str, PassFn] = {
     "lease_failures": lease_failures.run,
@@ -110,7 +110,7 @@ def run_batch(plane: Plane, pass_name: str, keys: list[Key], now: float) -> Batc
         else:
             mine.append(key)
     try:
-        if pass_name in SESSION_PASSES:
+        if pass_name in CONNECTION_PASSES:
             _run_in_one_transaction(plane, pass_name, mine, now, result)
         else:
             for key in mine:
@@ -135,7 +135,7 @@ def _run_alone(plane: Plane, pass_name: str, key: Key, now: float, result: Batch
 def _run_in_one_transaction(
     plane: Plane, pass_name: str, keys: list[Key], now: float, result: BatchResult
 ) -> None:
-    run_in = SESSION_PASSES[pass_name]
+    run_in = CONNECTION_PASSES[pass_name]
     outcomes: list[tuple[Key, str]] = []
     failed: list[tuple[Key, BaseException]] = []
     try:

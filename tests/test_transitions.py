@@ -275,3 +275,10 @@ def test_transient_failures_delay_without_nearing_quarantine(store: PoolStore, m
 def test_unknown_row_is_not_found(store: PoolStore) -> None:
     with pytest.raises(NotFound, match="row 99"), store.session() as s:
         transitions.requeue(s, 99)
+
+
+def test_row_ids_are_never_reused_after_gc(store: PoolStore, make_row: RowFactory) -> None:
+    old = make_row(RowState.FINALIZED, updated_at=NOW - 2 * store.settings.retention_seconds)
+    with store.session() as s:
+        assert transitions.collect_garbage(s, retention_seconds=3600, batch=10, now=NOW) == (1, 0)
+    assert make_row(RowState.ASSIGNED) > old
