@@ -105,7 +105,10 @@ class SimPool:
         self._deliver(offer)
 
     def _deliver(self, offer: Offer) -> None:
-        result = {"status": "done", "answer": f"{offer.task_id} by ordinal {offer.ordinal}"}
+        result = {
+            "status": "done",
+            "answer": f"{offer.task_id} on ordinal {offer.ordinal}, attempt {offer.attempt}",
+        }
         try:
             self.store.accept_result(envelope(offer, payload=result))
             self._count("results")
