@@ -89,16 +89,7 @@ class KanbanBoard:
                 ).scalar_one_or_none()
                 if run_id is None:
                     continue  # another claimer took it between select and update
-                conn.execute(
-                    insert(runs).values(
-                        board=board,
-                        task_id=task_id,
-                        run_id=run_id,
-                        assignee=assignee,
-                        outcome="running",
-                        started_at=now,
-                    )
-                )
+                self._open_run(conn, board, task_id, run_id, assignee, now)
                 claims.append(Claim(board, task_id, run_id))
         return claims
 
@@ -128,6 +119,21 @@ class KanbanBoard:
             if changed == 1:
                 self._close_run(conn, board, task_id, run_id, status.value, now)
             return bool(changed == 1)
+
+    @staticmethod
+    def _open_run(
+        conn: Connection, board: str, task_id: str, run_id: int, assignee: str | None, now: float
+    ) -> None:
+        conn.execute(
+            insert(runs).values(
+                board=board,
+                task_id=task_id,
+                run_id=run_id,
+                assignee=assignee,
+                outcome="running",
+                started_at=now,
+            )
+        )
 
     @staticmethod
     def _close_run(
@@ -240,16 +246,7 @@ class KanbanBoard:
                 self._close_run(conn, board, task_id, row.current_run_id, run_outcome, now)
             new = conn.execute(select(tasks).where(T.board == board, T.id == task_id)).one()
             if values.get("current_run_id") is not None:
-                conn.execute(
-                    insert(runs).values(
-                        board=board,
-                        task_id=task_id,
-                        run_id=new.current_run_id,
-                        assignee=new.assignee,
-                        outcome="running",
-                        started_at=now,
-                    )
-                )
+                self._open_run(conn, board, task_id, new.current_run_id, new.assignee, now)
         return _task(new)
 
     def delete_task(self, board: str, task_id: str) -> None:
