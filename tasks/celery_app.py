@@ -31,7 +31,7 @@ QUEUE = "maintenance"
 
 
 def make_app(settings: Settings) -> Celery:
-    celery = Celery("poolkeeper", broker=settings.redis_url or "redis://127.0.0.1:6379/0")
+    celery = Celery("poolkeeper", broker=planes.worker_redis_url(settings))
     celery.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -62,7 +62,7 @@ def _fresh_plane_in_child(**_: Any) -> None:
 
 
 @worker_init.connect
-def _export_metrics(**_: Any) -> None:
+def _worker_start(**_: Any) -> None:
     settings = Settings.from_env()
     if settings.metrics_port:
         metrics.start_exporter(settings.metrics_port, settings.http_host, PoolStore(settings))

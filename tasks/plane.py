@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import redis
@@ -185,12 +185,21 @@ _current: Plane | None = None
 _current_lock = threading.Lock()
 
 
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def worker_redis_url(settings: Settings) -> str:
+    """Workers and beat always use Redis (broker, locks and markers alike): the local one by default."""
+    return settings.redis_url or DEFAULT_REDIS_URL
+
+
 def current() -> Plane:
-    """This process's plane, built on first use (never at import or start-up)."""
+    """This worker process's plane, built on first use (never at import or start-up)."""
     global _current
     with _current_lock:
         if _current is None:
-            _current = Plane.from_settings(Settings.from_env())
+            settings = Settings.from_env()
+            _current = Plane.from_settings(replace(settings, redis_url=worker_redis_url(settings)))
         return _current
 
 
