@@ -85,6 +85,7 @@ class Demo:
         started = time.monotonic()
         # SIGTERM stops the demo like Ctrl-C: through the finally below, leaving no process behind.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
         try:
             settings = self._start()
             store, kanban = PoolStore(settings), KanbanBoard(settings.board_url)
