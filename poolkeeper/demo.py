@@ -99,7 +99,8 @@ class Demo:
     def _start(self) -> Settings:
         redis_url = os.environ.get("POOL_REDIS_URL", "")
         if not redis_url:
-            self.redis = RedisServer(self.workdir, bundled=True).start()
+            self.redis = RedisServer(self.workdir, bundled=True)  # known before it starts: always stopped
+            self.redis.start()
             redis_url = self.redis.url
         settings = demo_settings(self.opts, self.workdir, redis_url)
         store, kanban = PoolStore(settings), KanbanBoard(settings.board_url)
@@ -115,8 +116,9 @@ class Demo:
             f"broker {where}, files in {self.workdir}"
         )
         env = settings.env()
-        self.procs.append(CeleryProc("worker", env, self.workdir, "worker").wait_ready())
-        self.procs.append(CeleryProc("beat", env, self.workdir, "beat").wait_ready())
+        for kind in ("worker", "beat"):
+            self.procs.append(CeleryProc(kind, env, self.workdir, kind))  # registered before waiting on it
+            self.procs[-1].wait_ready()
         faults = Faults(crash_rate=self.opts.crash_rate, hang_rate=self.opts.hang_rate, work_seconds=0.3)
         self.pool = SimPool(store, faults, seed=self.opts.seed).start()
         return settings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from poolkeeper.embedded import RedisServer
+from poolkeeper.embedded import RedisServer, wait_for
 
 
 def poolctl(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -141,3 +142,47 @@ def test_demo_uses_the_redis_it_is_given(tmp_path: Path) -> None:
         server.stop()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert server.url in done.stdout and "\nlost: 0\n" in done.stdout
+
+
+@pytest.mark.integration
+def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    base = {**os.environ, "POOL_REDIS_URL": ""}
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from poolkeeper.cli import main; main()",
+            "demo",
+            "--tasks",
+            "500",
+            "--workdir",
+            str(workdir),
+        ],
+        cwd=tmp_path,
+        env=base,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for("the demo's beat to start", lambda: "Starting..." in _read(workdir / "beat.log"), 60)
+    demo.send_signal(signal.SIGINT)
+    _, err = demo.communicate(timeout=90)
+    assert demo.returncode == 130 and "interrupted" in err
+    assert _processes_mentioning(str(workdir)) == []
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # the process ended while we looked
+        if text in args:
+            found.append(args)
+    return found
