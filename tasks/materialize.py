@@ -23,6 +23,7 @@ import logging
 from typing import Any
 
 from board import BoardTask, TaskStatus
+from board import Claim as BoardClaim
 from poolkeeper import validate
 from poolkeeper.errors import CapabilityError, InvalidInput, TransientError
 from store import queries, transitions
@@ -68,24 +69,20 @@ def dispatch(plane: Plane) -> list[Claim]:
         return []
     if not reserved:
         return []
+    claims: list[BoardClaim] = []
     try:
         claims = plane.board.claim_ready(
             len(reserved), assignee=plane.settings.assignee, lane=plane.settings.lane
         )
     except TransientError as err:
         log.warning("dispatch: board busy, next tick: %s", err)
-        claims = []
-    except BaseException:
-        for ordinal in reserved:  # a programming error: release, then surface loudly
+    finally:  # ordinals no claim took: all of them when the board failed (a bug still surfaces)
+        for ordinal in reserved[len(claims) :]:
             plane.coord.release(ordinal)
-        raise
-    out = [
+    return [
         {"board": c.board, "task_id": c.task_id, "run_id": c.run_id, "ordinal": o}
         for c, o in zip(claims, reserved, strict=False)
     ]
-    for ordinal in reserved[len(claims) :]:
-        plane.coord.release(ordinal)
-    return out
 
 
 def run(plane: Plane, claim: Claim, now: float) -> str:

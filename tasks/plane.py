@@ -14,7 +14,6 @@ without Redis and for unit tests.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -171,9 +170,9 @@ class Plane:
     coord: Coordination
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, local: bool = False) -> Plane:
+    def from_settings(cls, settings: Settings) -> Plane:
         coord: Coordination
-        if local or not settings.redis_url:
+        if not settings.redis_url:
             coord = LocalCoordination()
         else:
             client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
@@ -207,7 +206,3 @@ def forget_after_fork() -> None:
     """A forked child builds its own plane: no connection is shared across a fork."""
     global _current
     _current = None
-
-
-def now() -> float:
-    return time.time()
