@@ -72,7 +72,10 @@ def _orphans(plane: Plane, board: str, running: Iterable[BoardTask]) -> list[Boa
         t
         for t in pool
         if (t.id, t.current_run_id) not in known
-        and not plane.coord.is_pending("materialize", f"{t.board}:{t.id}:{t.current_run_id}")
+        and not plane.coord.is_pending(
+            "materialize",
+            materialize.claim_name({"board": t.board, "task_id": t.id, "run_id": t.current_run_id}),
+        )
     ]
 
 
