@@ -87,8 +87,7 @@ class Demo:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
         try:
-            settings = self._start()
-            store, kanban = PoolStore(settings), KanbanBoard(settings.board_url)
+            store, kanban = self._start()
             assert self.pool is not None
             finished = self._watch(store, kanban, started)
             self.pool.stop()
@@ -96,7 +95,7 @@ class Demo:
         finally:
             self.stop()
 
-    def _start(self) -> Settings:
+    def _start(self) -> tuple[PoolStore, KanbanBoard]:
         redis_url = os.environ.get("POOL_REDIS_URL", "")
         if not redis_url:
             self.redis = RedisServer(self.workdir, bundled=True)  # known before it starts: always stopped
@@ -121,7 +120,7 @@ class Demo:
             self.procs[-1].wait_ready()
         faults = Faults(crash_rate=self.opts.crash_rate, hang_rate=self.opts.hang_rate, work_seconds=0.3)
         self.pool = SimPool(store, faults, seed=self.opts.seed).start()
-        return settings
+        return store, kanban
 
     def stop(self) -> None:
         if self.pool is not None:
