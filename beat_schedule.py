@@ -1,27 +1,38 @@
-"""The beat schedule: every interval comes from the settings, none is a literal.
+"""The beat schedule: one entry per registered pass, every interval from the settings.
 
-Each entry expires after its own interval, so a backlog of scanner messages
-never piles up behind slow workers; two beats running at once only make the
-scanners run twice, and the pending markers keep the per-row work single.
+Beat runs each pass's scanner (``SCAN_TASK`` with the pass name) at the
+interval the pass declares. Each entry expires after its own interval, so a
+backlog of scanner messages never piles up behind slow workers; two beats
+running at once only make the scanners run twice, and the pending markers
+keep the per-key work single.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
-from poolkeeper.settings import Settings
+from core.settings import Settings
+
+SCAN_TASK = "poolkeeper.scan"
 
 
-def schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    def every(seconds: float, task: str, *args: Any) -> dict[str, Any]:
-        return {"task": task, "schedule": seconds, "args": args, "options": {"expires": seconds}}
+class Scheduled(Protocol):
+    @property
+    def name(self) -> str: ...
 
-    tick = settings.tick_seconds
-    return {
-        "expire-leases": every(tick, "poolkeeper.scan", "expire"),
-        "recover-results": every(tick, "poolkeeper.scan", "results"),
-        "recover-lease-failures": every(tick, "poolkeeper.scan", "lease_failures"),
-        "dispatch-claims": every(tick, "poolkeeper.dispatch"),
-        "reconcile-boards": every(settings.reconcile_seconds, "poolkeeper.scan_boards"),
-        "collect-garbage": every(settings.gc_seconds, "poolkeeper.gc"),
-    }
+    @property
+    def interval(self) -> Callable[[Settings], float]: ...
+
+
+def schedule(settings: Settings, passes: Iterable[Scheduled]) -> dict[str, dict[str, Any]]:
+    entries = {}
+    for p in passes:
+        seconds = p.interval(settings)
+        entries[f"scan-{p.name}"] = {
+            "task": SCAN_TASK,
+            "schedule": seconds,
+            "args": (p.name,),
+            "options": {"expires": seconds},
+        }
+    return entries

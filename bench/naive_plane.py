@@ -13,8 +13,8 @@ import redis
 from celery import Celery
 from sqlalchemy.pool import NullPool
 
-from poolkeeper import db
-from poolkeeper.settings import Settings
+from core import db
+from core.settings import Settings
 from store import transitions
 from tasks.plane import RedisCoordination
 

@@ -16,8 +16,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from poolkeeper.settings import Settings
-from poolkeeper.validate import canonical_json, sha256
+from core.settings import Settings
+from core.validate import canonical_json, sha256
 from store import PoolStore, transitions
 
 T0 = 2_000_000_000.0
@@ -32,7 +32,7 @@ def timed(n: int, step: Callable[[int], object]) -> float:
 
 
 def bench_store(path: str, n: int) -> dict[str, float]:
-    store = PoolStore(Settings(database_url=f"sqlite:///{path}", pool_size=n, lease_seconds=LEASE))
+    store = PoolStore(f"sqlite:///{path}", pool_size=n, lease_seconds=LEASE)
     store.migrate()
     offers = {}
 
@@ -69,7 +69,7 @@ def bench_store(path: str, n: int) -> dict[str, float]:
 
 
 def bench_raw(path: str, n: int) -> dict[str, float]:
-    PoolStore(Settings(database_url=f"sqlite:///{path}")).migrate()  # the same schema
+    PoolStore.from_settings(Settings(database_url=f"sqlite:///{path}")).migrate()  # the same schema
     db = sqlite3.connect(path, isolation_level=None)
     for pragma in ("journal_mode=WAL", "synchronous=FULL", "busy_timeout=5000", "foreign_keys=ON"):
         db.execute(f"PRAGMA {pragma}")

@@ -25,11 +25,11 @@ from typing import Any
 
 from sqlalchemy import text
 
+from core.settings import Settings
 from poolkeeper.embedded import CeleryProc, RedisServer, wait_for
-from poolkeeper.settings import Settings
 from store import PoolStore, queries, transitions
 from tasks import scan
-from tasks.celery_app import make_app
+from tasks.celery import make_app
 from tasks.plane import Plane, RedisCoordination
 
 TICK = 0.25  # the scanner interval of the plane runs (POOL_TICK_SECONDS)
@@ -54,7 +54,7 @@ def storm(workdir: Path, n: int, redis_url: str, poisoned: int = 0) -> tuple[Set
         quarantine_after=3,
         backoff_base_seconds=60,
     )
-    store = PoolStore(settings)
+    store = PoolStore.from_settings(settings)
     store.migrate()
     past = time.time() - 60
     rows = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from board.faults import FlakyBoard
 from board.kanban import KanbanBoard
 from board.protocol import Board, BoardTask, Claim, TaskStatus
-from poolkeeper.settings import Settings
+from core.settings import Settings
 
 __all__ = ["Board", "BoardTask", "Claim", "FlakyBoard", "KanbanBoard", "TaskStatus", "open_board"]
 

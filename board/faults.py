@@ -12,7 +12,7 @@ import random
 from typing import Any
 
 from board.protocol import Board, BoardTask, Claim
-from poolkeeper.errors import TransientError
+from core.errors import TransientError
 
 
 class PoisonedTask(RuntimeError):

@@ -21,8 +21,8 @@ from sqlalchemy.engine import Row
 
 from board.protocol import BoardTask, Claim, TaskStatus
 from board.schema import boards, metadata, runs, tasks
-from poolkeeper import db, validate
-from poolkeeper.errors import InvalidInput, NotFound
+from core import db, validate
+from core.errors import InvalidInput, NotFound, TransientError
 
 T = tasks.c
 
@@ -232,7 +232,7 @@ class KanbanBoard:
             if TaskStatus(row.status) not in allowed:
                 names = ", ".join(sorted(s.value for s in allowed))
                 raise InvalidInput("status", f"{board}/{task_id} is {row.status}; expected {names}")
-            conn.execute(
+            changed = conn.execute(
                 update(tasks)
                 .where(
                     T.board == board,
@@ -241,7 +241,9 @@ class KanbanBoard:
                     T.current_run_id.is_not_distinct_from(row.current_run_id),
                 )
                 .values(updated_at=now, **values)
-            )
+            ).rowcount
+            if changed != 1:  # another writer moved it between our read and our write
+                raise TransientError(f"{board}/{task_id} changed concurrently; nothing done, try again")
             if run_outcome is not None:
                 self._close_run(conn, board, task_id, row.current_run_id, run_outcome, now)
             new = conn.execute(select(tasks).where(T.board == board, T.id == task_id)).one()

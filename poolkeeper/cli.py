@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from board import KanbanBoard, TaskStatus
-from poolkeeper.errors import InvalidInput, NotFound, PoolError, SettingsError, TransientError
-from poolkeeper.settings import Settings
+from core.errors import InvalidInput, NotFound, PoolError, SettingsError, TransientError
+from core.settings import Settings
 from store import PoolStore, queries, transitions
 from store.models import RowState
 
@@ -35,7 +35,7 @@ def _settings() -> Settings:
 
 
 def _store() -> PoolStore:
-    return PoolStore(_settings())
+    return PoolStore.from_settings(_settings())
 
 
 def _kanban() -> KanbanBoard:
@@ -55,8 +55,8 @@ def init() -> None:
     store, kanban = _store(), _kanban()
     store.migrate()
     kanban.migrate()
-    out.print(f"pool store ready: {store.settings.database_url}")
-    out.print(f"board ready:      {store.settings.board_url}")
+    out.print(f"pool store ready: {store.url}")
+    out.print(f"board ready:      {_settings().board_url}")
 
 
 @app.command()
@@ -66,13 +66,13 @@ def status(as_json: JsonOpt = False) -> None:
     now = time.time()
     with store.session(readonly=True) as s:
         counts = queries.counts_by_state(s)
-        free = queries.free_ordinals(s, store.settings.pool_size)
+        free = queries.free_ordinals(s, store.pool_size)
         oldest = queries.oldest_in_state(s, RowState.LEASE_FAILED)
         quarantined = queries.quarantined_count(s)
     board_counts = _kanban().counts_by_status()
     data = {
         "rows": counts,
-        "pool_size": store.settings.pool_size,
+        "pool_size": store.pool_size,
         "free_ordinals": free,
         "oldest_lease_failed_seconds": None if oldest is None else round(now - oldest, 1),
         "quarantined": quarantined,
@@ -81,7 +81,7 @@ def status(as_json: JsonOpt = False) -> None:
     table = Table(title="poolkeeper", show_header=False)
     for state, n in counts.items():
         table.add_row(f"rows {state}", str(n))
-    table.add_row("free ordinals", f"{len(free)}/{store.settings.pool_size} {free}")
+    table.add_row("free ordinals", f"{len(free)}/{store.pool_size} {free}")
     table.add_row("oldest lease_failed", "-" if oldest is None else f"{now - oldest:.0f}s ago")
     table.add_row("quarantined", str(quarantined))
     for st, n in board_counts.items():

@@ -26,8 +26,8 @@ from rich.table import Table
 from sqlalchemy import text
 
 from board import KanbanBoard, TaskStatus
+from core.settings import Settings
 from poolkeeper.embedded import CeleryProc, RedisServer
-from poolkeeper.settings import Settings
 from poolkeeper.simulate import Faults, SimPool
 from store import PoolStore, queries
 
@@ -80,6 +80,7 @@ class Demo:
         self.redis: RedisServer | None = None
         self.procs: list[CeleryProc] = []
         self.pool: SimPool | None = None
+        self.env: dict[str, str] = {}
 
     def run(self) -> int:
         started = time.monotonic()
@@ -102,7 +103,7 @@ class Demo:
             self.redis.start()
             redis_url = self.redis.url
         settings = demo_settings(self.opts, self.workdir, redis_url)
-        store, kanban = PoolStore(settings), KanbanBoard(settings.board_url)
+        store, kanban = PoolStore.from_settings(settings), KanbanBoard(settings.board_url)
         store.migrate()
         kanban.migrate()
         for i in range(self.opts.tasks - self.opts.poison):
@@ -114,7 +115,7 @@ class Demo:
             f"poolkeeper demo: {self.opts.tasks} tasks, {self.opts.pool_size} ordinals, "
             f"broker {where}, files in {self.workdir}"
         )
-        env = settings.env()
+        self.env = env = settings.env()
         for kind in ("worker", "beat"):
             self.procs.append(CeleryProc(kind, env, self.workdir, kind))  # registered before waiting on it
             self.procs[-1].wait_ready()
@@ -141,12 +142,12 @@ class Demo:
                     return False
                 for i, proc in enumerate(self.procs):  # a supervisor's job, done here for the demo
                     if proc.crashed():
-                        self.procs[i] = proc.restarted(store.settings.env(), self.workdir)
+                        self.procs[i] = proc.restarted(self.env, self.workdir)
                 time.sleep(0.5)
 
     def _summary(self, store: PoolStore, kanban: KanbanBoard, finished: bool, seconds: float) -> int:
         snap = snapshot(store, kanban)
-        problems = check_invariants(store, kanban)
+        problems = check_invariants(store, kanban, self.env["POOL_ASSIGNEE"])
         assert self.pool is not None
         c = self.console
         c.print()
@@ -205,9 +206,9 @@ def progress_table(snap: dict[str, Any], elapsed: float) -> Table:
     return table
 
 
-def check_invariants(store: PoolStore, kanban: KanbanBoard) -> dict[str, int]:
+def check_invariants(store: PoolStore, kanban: KanbanBoard, assignee: str) -> dict[str, int]:
     """Every claimed run accounted for, one live row per ordinal, every done run finalized."""
-    runs = kanban.pool_runs(store.settings.assignee)
+    runs = kanban.pool_runs(assignee)
     with store.session(readonly=True) as s:
         rows = {(r.board, r.task_id, r.run_id): r for r in queries.rows(s, limit=10_000_000)}
         doubled = s.execute(

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from poolkeeper.errors import PoolError
+from core.errors import PoolError
 from store import Offer, PoolStore
 
 
@@ -48,7 +48,7 @@ class SimPool:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> SimPool:
-        for ordinal in range(self.store.settings.pool_size):
+        for ordinal in range(self.store.pool_size):
             t = threading.Thread(target=self._worker, args=(ordinal,), name=f"sim-{ordinal}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -83,14 +83,14 @@ class SimPool:
                 continue
             if roll < self.faults.crash_rate + self.faults.hang_rate:
                 self._count("hangs")
-                wake = threading.Timer(self.store.settings.lease_seconds * 1.5, self._deliver, (offer,))
+                wake = threading.Timer(self.store.lease_seconds * 1.5, self._deliver, (offer,))
                 wake.daemon = True
                 wake.start()
                 continue
             self._work(offer)
 
     def _work(self, offer: Offer) -> None:
-        beat_every = self.store.settings.lease_seconds / 3
+        beat_every = self.store.lease_seconds / 3
         remaining = self.faults.work_seconds
         while remaining > 0 and not self._stop.is_set():
             step = min(beat_every, remaining)

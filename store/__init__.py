@@ -2,7 +2,9 @@
 
 ``PoolStore`` is the pool worker protocol as a Python API (offer, heartbeat,
 accept_result), each call one short transaction. The maintenance passes use
-``store.transitions`` and ``store.queries`` directly inside their own session.
+``store.transitions``, ``store.bookkeeping`` and ``store.queries`` directly
+inside their own session. Nothing here reads the settings: the values a call
+needs are passed in (``PoolStore.from_settings`` unpacks them at the edge).
 """
 
 from __future__ import annotations
@@ -15,20 +17,33 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
-from poolkeeper import db
-from poolkeeper.settings import Settings
-from store import transitions
+from core import db
+from core.settings import Settings
+from store import transitions, worker
 from store.envelope import Envelope
 from store.models import metadata
-from store.transitions import Offer
+from store.worker import Offer
 
 __all__ = ["Envelope", "Offer", "PoolStore"]
 
 
 class PoolStore:
-    def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
-        self.settings = settings
-        self.engine = engine or db.make_engine(settings.database_url)
+    def __init__(
+        self, url: str, *, pool_size: int = 3, lease_seconds: float = 90.0, engine: Engine | None = None
+    ) -> None:
+        self.url = url
+        self.pool_size = pool_size
+        self.lease_seconds = lease_seconds
+        self.engine = engine or db.make_engine(url)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, engine: Engine | None = None) -> PoolStore:
+        return cls(
+            settings.database_url,
+            pool_size=settings.pool_size,
+            lease_seconds=settings.lease_seconds,
+            engine=engine,
+        )
 
     def migrate(self) -> None:
         """Create or upgrade the schema; a no-op when it is current."""
@@ -48,21 +63,23 @@ class PoolStore:
 
     def offer(self, ordinal: int, *, now: float | None = None) -> Offer | None:
         with self.session() as s:
-            return transitions.offer(s, ordinal, settings=self.settings, now=_now(now))
+            return worker.offer(
+                s, ordinal, pool_size=self.pool_size, lease_seconds=self.lease_seconds, now=_now(now)
+            )
 
     def heartbeat(
         self, envelope: Mapping[str, Any], *, now: float | None = None
     ) -> Literal["applied", "duplicate"]:
-        env = Envelope.parse(envelope, pool_size=self.settings.pool_size, with_result=False)
+        env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=False)
         with self.session() as s:
-            return transitions.heartbeat(s, env, settings=self.settings, now=_now(now))
+            return worker.heartbeat(s, env, lease_seconds=self.lease_seconds, now=_now(now))
 
     def accept_result(
         self, envelope: Mapping[str, Any], *, now: float | None = None
     ) -> Literal["applied", "duplicate"]:
-        env = Envelope.parse(envelope, pool_size=self.settings.pool_size, with_result=True)
+        env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=True)
         with self.session() as s:
-            return transitions.accept_result(s, env, now=_now(now))
+            return worker.accept_result(s, env, now=_now(now))
 
     def add_run(
         self,
@@ -82,7 +99,7 @@ class PoolStore:
                 run_id=run_id,
                 ordinal=ordinal,
                 payload=payload,
-                pool_size=self.settings.pool_size,
+                pool_size=self.pool_size,
                 now=_now(now),
             )
 

@@ -6,13 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from poolkeeper.errors import InvalidInput
-from poolkeeper.validate import canonical_json, digest_field, document, integer, name, sha256
+from core.errors import InvalidInput
+from core.validate import canonical_json, digest_field, document, integer, name, sha256
 
 
 @dataclass(frozen=True)
 class Envelope:
-    """What a pool worker sends with a heartbeat or a result (SPEC: pool worker protocol)."""
+    """What a pool worker sends with a heartbeat or a result (docs/design.md, "Worker protocol")."""
 
     delivery_id: str
     board: str

@@ -51,8 +51,13 @@ def free_ordinals(s: Session, pool_size: int) -> list[int]:
     return [o for o in range(pool_size) if o not in held]
 
 
-def live_rows_of_board(s: Session, board: str) -> list[Assignment]:
-    return list(s.scalars(select(A).where(A.board == board, A.state.in_(_LIVE)).order_by(A.id)))
+def rows_of_board(s: Session, board: str, states: Iterable[RowState]) -> list[Assignment]:
+    wanted = [state.value for state in states]
+    return list(s.scalars(select(A).where(A.board == board, A.state.in_(wanted)).order_by(A.id)))
+
+
+def boards_with_live_rows(s: Session) -> list[str]:
+    return list(s.scalars(select(A.board).where(A.state.in_(_LIVE)).distinct()))
 
 
 def known_runs(s: Session, board: str, runs: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:

@@ -1,5 +1,6 @@
-"""The maintenance plane: per-key Celery tasks, scanners, locks (``celery -A tasks worker``)."""
+"""The maintenance plane: passes, registry, runner, scanners, coordination.
 
-from tasks.celery_app import app
-
-__all__ = ["app"]
+Importing this package (or any module in it) defines names and does nothing
+else. The Celery app is ``tasks.celery``, which ``celery -A tasks`` finds by
+itself; it is the only module that reads the environment at import.
+"""

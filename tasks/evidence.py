@@ -1,24 +1,26 @@
-"""What the board says about one row's exact run, and settling the row on it (SPEC invariant 2).
+"""What the board says about one row's exact run, and settling the row on it (invariant 2).
 
-Both passes that settle rows on the board's word (lease failures, results)
-read the row, ask the board with no store transaction open, then settle with
-a conditional update; the rules for "authoritative evidence" live here once.
+The passes that settle rows on the board's word (lease failures, results,
+reconcile) read the row, ask the board with no store transaction open, then
+settle with a conditional update; the rules for "authoritative evidence"
+live here once (docs/design.md, "Evidence").
 """
 
 from __future__ import annotations
 
 from board import BoardTask, TaskStatus
-from poolkeeper.errors import LostRace
-from store import transitions
+from core.errors import LostRace
+from store import rows, transitions
 from store.models import Assignment, RowState
+from tasks.declaration import Outcome
 from tasks.plane import Plane
 
 
-def read_row(plane: Plane, row_id: int, state: RowState) -> Assignment:
-    """The row as it is now; ``LostRace`` if it already left ``state``."""
+def read_row(plane: Plane, row_id: int, *states: RowState) -> Assignment:
+    """The row as it is now; ``LostRace`` if it is in none of ``states`` any more."""
     with plane.store.session(readonly=True) as s:
-        row = transitions.get_row(s, row_id)
-    if row.state != state.value:
+        row = rows.get_row(s, row_id)
+    if row.state not in states:
         raise LostRace(f"row {row_id} is {row.state} now")
     return row
 
@@ -32,7 +34,7 @@ def verdict(task: BoardTask | None, run_id: int) -> RowState | None:
     return None  # still running: no evidence yet
 
 
-def settle(plane: Plane, row: Assignment, to: RowState, now: float) -> str:
+def settle(plane: Plane, row: Assignment, to: RowState, now: float) -> Outcome:
     with plane.store.session() as s:
         transitions.settle(s, row.id, to, expect_state=row.state, expect_attempt=row.attempt, now=now)
-    return to.value
+    return Outcome(to.value)

@@ -9,10 +9,9 @@ attempt it becomes ``lease_failed`` and its ordinal is released.
 Evidence: the store's own lease; the update is conditional on the row still
 running with an ended lease, so a duplicate message or a late heartbeat can
 never apply twice.
-This pass touches only the store, so a batch of rows shares one transaction
-with a savepoint per row (see ``tasks.runner``); it runs Core statements on
-the batch's connection.
-Returns: ``"reoffered"`` or ``"lease_failed"`` (``LostRace`` if the row moved on).
+Store-only: a batch of rows shares one transaction with a savepoint per row
+(``tasks.runner``); it runs a prebuilt Core statement on the batch's connection.
+Returns: ``reoffered`` or ``lease_failed`` (``LostRace`` if the row moved on).
 """
 
 from __future__ import annotations
@@ -22,15 +21,20 @@ from sqlalchemy import Connection
 from store import queries, transitions
 from store.models import RowState
 from tasks import metrics
+from tasks.declaration import Lock, Outcome, Pass, due_rows
 from tasks.plane import Plane
 
 
-def due(plane: Plane, now: float, limit: int, offset: int = 0) -> list[int]:
-    with plane.store.session(readonly=True) as s:
-        return queries.due_expired(s, now=now, limit=limit, offset=offset)
-
-
-def run_in(conn: Connection, plane: Plane, row_id: int, now: float) -> str:
+def run_in(conn: Connection, plane: Plane, row_id: int, now: float) -> Outcome:
     expiry = transitions.expire(conn, row_id, max_attempts=plane.settings.max_attempts, now=now)
     metrics.EXPIRY_TO_REOFFER.observe(max(0.0, now - expiry.lease_until))
-    return "reoffered" if expiry.state is RowState.ASSIGNED else "lease_failed"
+    return Outcome.REOFFERED if expiry.state is RowState.ASSIGNED else Outcome.LEASE_FAILED
+
+
+PASS = Pass(
+    name="expire",
+    lock=Lock.ROW,
+    interval=lambda s: s.tick_seconds,
+    find=due_rows("expire", queries.due_expired),
+    run_in=run_in,
+)

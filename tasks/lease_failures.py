@@ -9,24 +9,22 @@ Does, on evidence about the row's exact board run:
   ``finalized`` once the board accepted it.
 If the board refuses yet still shows the run running there is no evidence:
 the row stays ``lease_failed`` and is retried (``TransientError``).
-Returns: ``"stale"`` or ``"finalized"``.
+Returns: ``stale`` or ``finalized``.
 """
 
 from __future__ import annotations
 
-from poolkeeper.errors import TransientError
+from functools import partial
+
+from core.errors import TransientError
 from store import queries
 from store.models import RowState
 from tasks import evidence
+from tasks.declaration import Lock, Outcome, Pass, due_rows
 from tasks.plane import Plane
 
 
-def due(plane: Plane, now: float, limit: int, offset: int = 0) -> list[int]:
-    with plane.store.session(readonly=True) as s:
-        return queries.due_in_state(s, RowState.LEASE_FAILED, now=now, limit=limit, offset=offset)
-
-
-def run(plane: Plane, row_id: int, now: float) -> str:
+def run(plane: Plane, row_id: int, now: float) -> Outcome:
     row = evidence.read_row(plane, row_id, RowState.LEASE_FAILED)
     to = evidence.verdict(plane.board.get_task(row.board, row.task_id), row.run_id)
     if to is None:
@@ -35,3 +33,12 @@ def run(plane: Plane, row_id: int, now: float) -> str:
             raise TransientError(f"board refused to park {row.board}/{row.task_id} run {row.run_id}")
         to = RowState.FINALIZED
     return evidence.settle(plane, row, to, now)
+
+
+PASS = Pass(
+    name="lease_failures",
+    lock=Lock.ROW,
+    interval=lambda s: s.tick_seconds,
+    find=due_rows("lease_failures", partial(queries.due_in_state, state=RowState.LEASE_FAILED)),
+    run=run,
+)

@@ -1,9 +1,11 @@
-"""Materialize claim (and dispatch, which makes the claims).
+"""Materialize claim (its scanner is dispatch, which makes the claims).
 
-Dispatch claims at most as many ready tasks as there are free, unreserved
-ordinals, reserving one ordinal per claim. Storage faults are absorbed (the
-next tick tries again); anything else is a programming error (the board API
-changed) and surfaces loudly.
+Dispatch (one at a time, plane-wide) claims at most as many ready tasks as
+there are free, unreserved ordinals, reserving one ordinal per claim. Storage
+faults are absorbed (the next tick tries again); anything else is a
+programming error (the board API changed) and surfaces loudly. Reconcile
+hands over the orphaned runs it finds through ``hand_over`` too, so there is
+one way onto an ordinal.
 
 Materialize turns one claim into exactly one ``assigned`` row on its reserved
 ordinal, on evidence from the board:
@@ -12,25 +14,28 @@ ordinal, on evidence from the board:
   capability failure of the run itself, so park exactly that run;
 - the run already has a row: nothing (an identical duplicate);
 - else add the row. A pool-side failure (ordinal taken, store busy) changes
-  nothing on the board: the claim is left to reconcile, which adopts it.
-Returns: ``"added"``, ``"duplicate"``, ``"parked"``, ``"vanished"`` or ``"moved_on"``.
+  nothing on the board: the claim is left to reconcile, which hands it over again.
+Returns: ``added``, ``duplicate``, ``parked``, ``vanished`` or ``moved_on``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from board import BoardTask, TaskStatus
-from board import Claim as BoardClaim
-from poolkeeper import validate
-from poolkeeper.errors import CapabilityError, InvalidInput, TransientError
+from core import validate
+from core.errors import CapabilityError, InvalidInput, TransientError
 from store import queries, transitions
+from tasks.declaration import Lock, Outcome, Pass, Submit
 from tasks.plane import Plane
 
 log = logging.getLogger("poolkeeper.maintenance")
-Claim = dict[str, Any]  # {"board", "task_id", "run_id", "ordinal"}: JSON in a message
+# {"board", "task_id", "run_id", "ordinal"} and, from reconcile, "seen": the task as the
+# board listed it this tick. JSON in a message.
+Claim = dict[str, Any]
 
 
 def claim_name(claim: Claim) -> str:
@@ -58,47 +63,79 @@ def build_payload(task: BoardTask, run_id: int) -> dict[str, Any]:
     return payload
 
 
-def dispatch(plane: Plane) -> list[Claim]:
-    """Claim ready tasks for the free ordinals; returns the claims, each with its ordinal."""
-    try:
-        with plane.store.session(readonly=True) as s:
-            free = queries.free_ordinals(s, plane.settings.pool_size)
-        reserved = [o for o in free if plane.coord.reserve(o)]
-    except TransientError as err:
-        log.warning("dispatch: store or redis busy, next tick: %s", err)
+def reserve_free(plane: Plane, at_most: int) -> list[int]:
+    """Reserve up to ``at_most`` ordinals that hold no live row and no other reservation."""
+    if at_most <= 0:
         return []
-    if not reserved:
-        return []
-    claims: list[BoardClaim] = []
-    try:
-        claims = plane.board.claim_ready(
-            len(reserved), assignee=plane.settings.assignee, lane=plane.settings.lane
-        )
-    except TransientError as err:
-        log.warning("dispatch: board busy, next tick: %s", err)
-    finally:  # ordinals no claim took: all of them when the board failed (a bug still surfaces)
-        for ordinal in reserved[len(claims) :]:
-            plane.coord.release(ordinal)
-    return [
-        {"board": c.board, "task_id": c.task_id, "run_id": c.run_id, "ordinal": o}
-        for c, o in zip(claims, reserved, strict=False)
-    ]
+    with plane.store.session(readonly=True) as s:
+        free = queries.free_ordinals(s, plane.settings.pool_size)
+    reserved: list[int] = []
+    for ordinal in free:
+        if len(reserved) == at_most:
+            break
+        if plane.coord.reserve(ordinal):
+            reserved.append(ordinal)
+    return reserved
 
 
-def run(plane: Plane, claim: Claim, now: float) -> str:
+def hand_over(plane: Plane, runs: Sequence[Claim], ordinals: list[int], submit: Submit) -> int:
+    """Submit one claim per run on its reserved ordinal; release every ordinal no claim took."""
+    claims = [{**run, "ordinal": o} for run, o in zip(runs, ordinals, strict=False)]
+    taken: set[int] = set()
+    try:
+        taken = {c["ordinal"] for c in submit(PASS.name, claims)}
+    finally:  # a claim already pending (or a failed enqueue) leaves its ordinal free
+        for ordinal in ordinals:
+            if ordinal not in taken:
+                plane.coord.release(ordinal)
+    return len(taken)
+
+
+def dispatch(plane: Plane, now: float, submit: Submit) -> int:
+    """Claim ready tasks for the free ordinals; one dispatch at a time, plane-wide.
+
+    A slow or locked board then holds one worker, not all.
+    """
+    [token] = plane.coord.lock_many(["dispatch"])
+    if token is None:
+        return 0
+    try:
+        try:
+            reserved = reserve_free(plane, plane.settings.pool_size)
+        except TransientError as err:
+            log.warning("dispatch: store or redis busy, next tick: %s", err)
+            return 0
+        try:
+            claims = plane.board.claim_ready(
+                len(reserved), assignee=plane.settings.assignee, lane=plane.settings.lane
+            )
+        except TransientError as err:
+            log.warning("dispatch: board busy, next tick: %s", err)
+            claims = []
+        except BaseException:  # a bug surfaces loudly, and frees what it reserved
+            for ordinal in reserved:
+                plane.coord.release(ordinal)
+            raise
+        runs = [{"board": c.board, "task_id": c.task_id, "run_id": c.run_id} for c in claims]
+        return hand_over(plane, runs, reserved, submit)
+    finally:
+        plane.coord.unlock_many({"dispatch": token})
+
+
+def run(plane: Plane, claim: Claim, now: float) -> Outcome:
     try:
         return _materialize(plane, claim, now)
     finally:
         plane.coord.release(int(claim["ordinal"]))
 
 
-def _materialize(plane: Plane, claim: Claim, now: float) -> str:
+def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
     board, task_id, run_id = claim["board"], claim["task_id"], int(claim["run_id"])
-    task = plane.board.get_task(board, task_id)
+    task = seen(claim) or plane.board.get_task(board, task_id)
     if task is None:
-        return "vanished"
+        return Outcome.VANISHED
     if task.current_run_id != run_id or task.status is not TaskStatus.RUNNING:
-        return "moved_on"
+        return Outcome.MOVED_ON
     try:
         if task.lane != plane.settings.lane:
             raise CapabilityError(f"task left the pool's lane (now {task.lane!r})")
@@ -107,7 +144,7 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> str:
         return park(plane, task, run_id, str(err))
     with plane.store.session() as s:
         if queries.has_run(s, board, task_id, run_id):
-            return "duplicate"
+            return Outcome.DUPLICATE
         transitions.add_run(
             s,
             board=board,
@@ -118,10 +155,33 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> str:
             pool_size=plane.settings.pool_size,
             now=now,
         )
-    return "added"
+    return Outcome.ADDED
 
 
-def park(plane: Plane, task: BoardTask, run_id: int, reason: str) -> str:
+def seen(claim: Claim) -> BoardTask | None:
+    """The task as reconcile saw it listed as running: evidence enough to add its row.
+
+    A task the board lists but cannot read by itself (corrupt data) then still
+    gets a row, which the row passes revisit and quarantine, where an operator
+    sees it, instead of a claimed run that no row stands for.
+    """
+    if "seen" not in claim:
+        return None
+    fields = dict(claim["seen"])
+    return BoardTask(**{**fields, "status": TaskStatus(fields["status"])})
+
+
+def park(plane: Plane, task: BoardTask, run_id: int, reason: str) -> Outcome:
     """A capability failure: park exactly that run. A failed park is transient (raises)."""
     parked = plane.board.block_task(task.board, task.id, reason, "capability", run_id)
-    return "parked" if parked else "moved_on"
+    return Outcome.PARKED if parked else Outcome.MOVED_ON
+
+
+PASS = Pass(
+    name="materialize",
+    lock=Lock.OWN,
+    interval=lambda s: s.tick_seconds,
+    find=dispatch,
+    run=run,
+    key_name=claim_name,
+)

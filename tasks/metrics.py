@@ -2,20 +2,17 @@
 
 A worker exports them on ``POOL_METRICS_PORT`` (0 = off). Counters and the
 histogram are kept in each prefork child and aggregated through
-``PROMETHEUS_MULTIPROC_DIR`` (set here, before prometheus_client loads, when
-the worker exports and the operator named no directory). Rows by state and
-the quarantined count are read from the store at scrape time.
+``PROMETHEUS_MULTIPROC_DIR`` (the Celery entry point sets it before this
+module loads). Rows by state and the quarantined count are read from the
+store at scrape time. Every label value comes from a closed set: pass names
+from the registry, outcomes from ``tasks.declaration.Outcome``.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any
-
-if os.environ.get("POOL_METRICS_PORT", "0") not in ("", "0") and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="poolkeeper-metrics-")
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +25,7 @@ PASS_OUTCOMES = Counter(
 LOCK_BUSY = Counter(
     "poolkeeper_lock_busy", "Keys skipped because another worker held their lock.", ["pass_name"]
 )
+GC_DELETED = Counter("poolkeeper_gc_deleted", "Records deleted by garbage collection.", ["kind"])
 EXPIRY_TO_REOFFER = Histogram(
     "poolkeeper_expiry_to_reoffer_seconds",
     "Time from a lease's end to the row being re-offered (or failed).",

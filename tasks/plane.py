@@ -22,8 +22,8 @@ from typing import Protocol
 import redis
 
 from board import Board, open_board
-from poolkeeper.errors import TransientError
-from poolkeeper.settings import Settings
+from core.errors import TransientError
+from core.settings import Settings
 from store import PoolStore
 
 PREFIX = "poolkeeper"
@@ -177,7 +177,7 @@ class Plane:
         else:
             client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
             coord = RedisCoordination(client, settings)
-        return cls(settings, PoolStore(settings), open_board(settings), coord)
+        return cls(settings, PoolStore.from_settings(settings), open_board(settings), coord)
 
 
 _current: Plane | None = None

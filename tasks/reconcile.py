@@ -1,64 +1,73 @@
-"""Reconcile board (one board per call).
+"""Reconcile board.
 
-Qualifies: every live row of the board, and every run the board says the pool
-holds.
-Does:
-1. a live row (``assigned``/``running``) whose board run moved on or is no
-   longer ``running`` becomes ``stale`` (``result`` rows are left to the
-   results pass, which applies or settles them on the board's answer);
-2. then, while ordinals are free, every board task that is ``running``,
-   assigned to the pool, in the pool's lane, and whose run has no row in any
-   state (a retrying or not-yet-collected row counts) is adopted onto a free
-   ordinal with attempt 1. Claims whose materialize message is still queued
-   are left to it.
-Each row and each task is isolated: one failure never stops the next.
-Returns: a summary such as ``"stale=1 adopted=2"``, or ``"nothing"``.
+Scanner (every ``reconcile_seconds``), for every board that has live rows or
+that the board lists (archived ones too), one board at a time; one board's
+failure is reported once and never stops the next:
+1. a live row (``assigned``/``running``) whose board run is not running any
+   more is submitted to this pass (``result`` rows are left to the results
+   pass, which applies or settles them on the board's answer);
+2. runs the board says the pool holds (``running``, assigned to the pool, in
+   the pool's lane) that have no row in any state (a retrying or
+   not-yet-collected row counts) are handed to materialize on free ordinals,
+   exactly as dispatch hands over its claims. A claim already pending there
+   is left to it.
+Per row, under the row's lock, on fresh evidence about its exact run: the
+task vanished, its current run is another one, or it is no longer
+``running`` → ``stale``; else the board still runs it → ``current``.
+Returns: ``stale`` or ``current`` (``LostRace`` if the row moved on).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import Callable, Iterable
-from functools import partial
+from collections.abc import Iterable
+from dataclasses import asdict
 
-from board import BoardTask
-from poolkeeper.errors import CapabilityError, LostRace, ProtocolError, TransientError
-from store import queries, transitions
+from board import BoardTask, TaskStatus
+from core.errors import PoolError
+from store import queries
 from store.models import RowState
-from tasks import materialize
+from tasks import evidence, failures, materialize
+from tasks.declaration import Lock, Outcome, Pass, Submit
 from tasks.plane import Plane
 
-log = logging.getLogger("poolkeeper.maintenance")
+LIVE_HELD = (RowState.ASSIGNED, RowState.RUNNING)
 
 
-def run(plane: Plane, board: str, now: float) -> str:
+def find(plane: Plane, now: float, submit: Submit) -> int:
     with plane.store.session(readonly=True) as s:
-        rows = [(r.id, r.task_id, r.run_id, r.state, r.attempt) for r in queries.live_rows_of_board(s, board)]
+        boards = set(queries.boards_with_live_rows(s))
+    boards.update(plane.board.list_boards(include_archived=True))
+    enqueued = 0
+    for board in sorted(boards):
+        try:
+            enqueued += _scan_board(plane, board, submit)
+        except Exception as err:
+            level = logging.WARNING if isinstance(err, PoolError) else logging.ERROR  # ERROR: a bug
+            failures.reporter.once(PASS.name, f"board {board}", failures.describe(err), level)
+        else:
+            failures.reporter.succeeded(PASS.name, f"board {board}")
+    return enqueued
+
+
+def _scan_board(plane: Plane, board: str, submit: Submit) -> int:
+    with plane.store.session(readonly=True) as s:
+        live = [(r.id, r.task_id, r.run_id) for r in queries.rows_of_board(s, board, LIVE_HELD)]
     running = {t.id: t for t in plane.board.running_tasks(board)}
-    outcomes: Counter[str] = Counter()
-    for row_id, task_id, run_id, state, attempt in rows:
-        task = running.get(task_id)
-        if state == RowState.RESULT.value or (task is not None and task.current_run_id == run_id):
-            continue
-        outcomes[_isolated(plane, row_id, partial(_stale, plane, row_id, state, attempt, now), now)] += 1
-    for task in _orphans(plane, board, running.values()):
-        outcome = _isolated(plane, None, partial(_adopt, plane, task, now), now)
-        outcomes[outcome] += 1
-        if outcome == "no_free_ordinal":
-            break
-    outcomes.pop("lost_race", None)
-    outcomes.pop("no_free_ordinal", None)
-    return " ".join(f"{k}={v}" for k, v in sorted(outcomes.items())) or "nothing"
+    moved_on = [
+        row_id
+        for row_id, task_id, run_id in live
+        if task_id not in running or running[task_id].current_run_id != run_id
+    ]
+    enqueued = len(submit(PASS.name, moved_on))
+    orphans = _orphans(plane, board, running.values())
+    if orphans:
+        ordinals = materialize.reserve_free(plane, len(orphans))
+        enqueued += materialize.hand_over(plane, orphans, ordinals, submit)
+    return enqueued
 
 
-def _stale(plane: Plane, row_id: int, state: str, attempt: int, now: float) -> str:
-    with plane.store.session() as s:
-        transitions.settle(s, row_id, RowState.STALE, expect_state=state, expect_attempt=attempt, now=now)
-    return "stale"
-
-
-def _orphans(plane: Plane, board: str, running: Iterable[BoardTask]) -> list[BoardTask]:
+def _orphans(plane: Plane, board: str, running: Iterable[BoardTask]) -> list[materialize.Claim]:
     pool = [
         t
         for t in running
@@ -69,61 +78,24 @@ def _orphans(plane: Plane, board: str, running: Iterable[BoardTask]) -> list[Boa
     with plane.store.session(readonly=True) as s:
         known = queries.known_runs(s, board, [(t.id, t.current_run_id or 0) for t in pool])
     return [
-        t
+        {"board": t.board, "task_id": t.id, "run_id": t.current_run_id, "seen": asdict(t)}
         for t in pool
         if (t.id, t.current_run_id) not in known
-        and not plane.coord.is_pending(
-            "materialize",
-            materialize.claim_name({"board": t.board, "task_id": t.id, "run_id": t.current_run_id}),
-        )
     ]
 
 
-def _adopt(plane: Plane, task: BoardTask, now: float) -> str:
-    assert task.current_run_id is not None
-    with plane.store.session(readonly=True) as s:
-        free = queries.free_ordinals(s, plane.settings.pool_size)
-    ordinal = next((o for o in free if plane.coord.reserve(o)), None)
-    if ordinal is None:
-        return "no_free_ordinal"
-    try:
-        try:
-            payload = materialize.build_payload(task, task.current_run_id)
-        except CapabilityError as err:
-            return materialize.park(plane, task, task.current_run_id, str(err))
-        with plane.store.session() as s:
-            transitions.add_run(
-                s,
-                board=task.board,
-                task_id=task.id,
-                run_id=task.current_run_id,
-                ordinal=ordinal,
-                payload=payload,
-                pool_size=plane.settings.pool_size,
-                now=now,
-            )
-        return "adopted"
-    finally:
-        plane.coord.release(ordinal)
+def run(plane: Plane, row_id: int, now: float) -> Outcome:
+    row = evidence.read_row(plane, row_id, *LIVE_HELD)
+    task: BoardTask | None = plane.board.get_task(row.board, row.task_id)
+    if task is not None and task.current_run_id == row.run_id and task.status is TaskStatus.RUNNING:
+        return Outcome.CURRENT
+    return evidence.settle(plane, row, RowState.STALE, now)
 
 
-def _isolated(plane: Plane, row_id: int | None, step: Callable[[], str], now: float) -> str:
-    """One row or task: its failure is its own, and the loop goes on."""
-    try:
-        return step()
-    except LostRace:
-        return "lost_race"
-    except (TransientError, ProtocolError) as err:
-        log.info("reconcile: %s: deferred to the next tick: %s", row_id or "adopt", err)
-        return "deferred"
-    except Exception as err:
-        log.error("reconcile: row %s: %s: %s", row_id, type(err).__name__, err)
-        if row_id is not None:
-            try:
-                with plane.store.session() as s:
-                    transitions.record_failure(
-                        s, row_id, f"reconcile: {type(err).__name__}: {err}", settings=plane.settings, now=now
-                    )
-            except Exception:  # the store is failing too: next tick
-                pass
-        return "failed"
+PASS = Pass(
+    name="reconcile",
+    lock=Lock.ROW,
+    interval=lambda s: s.reconcile_seconds,
+    find=find,
+    run=run,
+)

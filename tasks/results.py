@@ -10,26 +10,23 @@ operator) gives ``finalized``; still running means retry (``TransientError``).
 A stored result that cannot be read (poisoned data) raises and is recorded on
 this row only. Replaying this pass is harmless: the board calls are
 compare-and-set and the settle is conditional.
-Returns: ``"finalized"`` or ``"stale"``.
+Returns: ``finalized`` or ``stale``.
 """
 
 from __future__ import annotations
 
 import json
+from functools import partial
 
-from poolkeeper.errors import TransientError
+from core.errors import TransientError
 from store import queries
 from store.models import RowState
 from tasks import evidence
+from tasks.declaration import Lock, Outcome, Pass, due_rows
 from tasks.plane import Plane
 
 
-def due(plane: Plane, now: float, limit: int, offset: int = 0) -> list[int]:
-    with plane.store.session(readonly=True) as s:
-        return queries.due_in_state(s, RowState.RESULT, now=now, limit=limit, offset=offset)
-
-
-def run(plane: Plane, row_id: int, now: float) -> str:
+def run(plane: Plane, row_id: int, now: float) -> Outcome:
     row = evidence.read_row(plane, row_id, RowState.RESULT)
     result = json.loads(row.result or "")
     if result["status"] == "blocked":
@@ -44,3 +41,12 @@ def run(plane: Plane, row_id: int, now: float) -> str:
     if to is None:
         raise TransientError(f"board refused the result of {row.board}/{row.task_id} run {row.run_id}")
     return evidence.settle(plane, row, to, now)
+
+
+PASS = Pass(
+    name="results",
+    lock=Lock.ROW,
+    interval=lambda s: s.tick_seconds,
+    find=due_rows("results", partial(queries.due_in_state, state=RowState.RESULT)),
+    run=run,
+)

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 
 from board import KanbanBoard
-from poolkeeper.settings import Settings
-from poolkeeper.validate import canonical_json, sha256
+from core.settings import Settings
+from core.validate import canonical_json, sha256
 from store import PoolStore
 from store.models import Assignment, RowState
+from tasks import failures
+from tasks.plane import LocalCoordination, Plane
+from tests.factories import NOW, RowFactory
 
-NOW = 1_800_000_000.0  # the fixed clock of the unit tests
 PG_URL = os.environ.get("POOL_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
@@ -39,6 +41,12 @@ def _postgres_database() -> str | None:
             raise RuntimeError(f"CI needs PostgreSQL at {PG_URL}: {err}") from err
         return None
     return PG_URL.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(autouse=True)
+def fresh_reporter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no failure already reported (the reporter is per process)."""
+    monkeypatch.setattr(failures, "reporter", failures.Reporter())
 
 
 @pytest.fixture(scope="session")
@@ -88,7 +96,7 @@ def settings(backend_url: str) -> Settings:
 
 @pytest.fixture
 def store(settings: Settings) -> Iterator[PoolStore]:
-    st = PoolStore(settings)
+    st = PoolStore.from_settings(settings)
     st.migrate()
     yield st
     st.engine.dispose()
@@ -100,9 +108,6 @@ def kanban(settings: Settings) -> Iterator[KanbanBoard]:
     kb.migrate()
     yield kb
     kb.engine.dispose()
-
-
-RowFactory = Callable[..., int]
 
 
 @pytest.fixture
@@ -150,8 +155,6 @@ def make_row(store: PoolStore) -> RowFactory:
     return make
 
 
-def row_state(store: PoolStore, row_id: int) -> dict[str, Any]:
-    with store.session(readonly=True) as s:
-        row = s.execute(text("SELECT * FROM assignments WHERE id = :id"), {"id": row_id}).mappings().first()
-    assert row is not None, f"row {row_id} is gone"
-    return dict(row)
+@pytest.fixture
+def plane(settings: Settings, store: PoolStore, kanban: KanbanBoard) -> Iterator[Plane]:
+    yield Plane(settings, store, kanban, LocalCoordination())

@@ -7,10 +7,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from poolkeeper.errors import InvalidInput, NotFound, PoolError
+from core.errors import InvalidInput, NotFound, PoolError
 from store import PoolStore
-from tests.conftest import NOW
-from tests.test_transitions import envelope, given_running
+from tests.factories import NOW, envelope, given_running
 
 CASES: list[tuple[str, Any, str]] = [
     ("delivery_id", None, "delivery_id"),  # missing (None = drop the key)

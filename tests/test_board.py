@@ -1,69 +1,20 @@
-"""The built-in Kanban board: atomic claims, compare-and-set on the exact run, operator moves."""
+"""What only the built-in Kanban does: operator moves, its SQLite locking, the chaos wrapper.
+
+The ``Board`` protocol itself is tested for every backend in ``test_board_contract.py``.
+"""
 
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from board import FlakyBoard, KanbanBoard, TaskStatus
 from board.faults import PoisonedTask
-from poolkeeper.errors import InvalidInput, NotFound, TransientError
-
-
-def claim(kanban: KanbanBoard, limit: int = 10) -> list[tuple[str, str, int]]:
-    return [(c.board, c.task_id, c.run_id) for c in kanban.claim_ready(limit, assignee="pool", lane="pool")]
-
-
-def test_claim_takes_only_ready_pool_lane_tasks_oldest_first(kanban: KanbanBoard) -> None:
-    kanban.add_task("b", "first", task_id="t1")
-    kanban.add_task("b", "other lane", task_id="t2", lane="humans")
-    kanban.add_task("b", "second", task_id="t3")
-    assert claim(kanban, 1) == [("b", "t1", 1)]
-    assert claim(kanban) == [("b", "t3", 1)]
-    assert claim(kanban) == []
-    running = {t.id: t for t in kanban.running_tasks("b")}
-    assert set(running) == {"t1", "t3"} and running["t1"].assignee == "pool"
-
-
-def test_archived_boards_are_not_claimed_or_listed(kanban: KanbanBoard) -> None:
-    kanban.add_task("old", "x", task_id="t1")
-    kanban.archive_board("old")
-    assert claim(kanban) == []
-    assert kanban.list_boards() == [] and kanban.list_boards(include_archived=True) == ["old"]
-
-
-def test_complete_and_block_act_on_the_exact_run_only(kanban: KanbanBoard) -> None:
-    kanban.add_task("b", "x", task_id="t1")
-    [(_, _, run)] = claim(kanban)
-    assert not kanban.complete_task("b", "t1", run + 1, {"status": "done"})
-    assert kanban.complete_task("b", "t1", run, {"status": "done"})
-    assert not kanban.block_task("b", "t1", "late", "transient", run)  # no longer running
-    task = kanban.get_task("b", "t1")
-    assert task is not None and task.status is TaskStatus.DONE and task.result == {"status": "done"}
-
-
-def test_unblocked_task_is_claimed_again_with_a_new_run_id(kanban: KanbanBoard) -> None:
-    kanban.add_task("b", "x", task_id="t1")
-    [(_, _, run)] = claim(kanban)
-    assert kanban.block_task("b", "t1", "lease expired", "transient", run)
-    blocked = kanban.get_task("b", "t1")
-    assert blocked is not None and (blocked.block_reason, blocked.block_kind) == (
-        "lease expired",
-        "transient",
-    )
-    kanban.unblock_task("b", "t1")
-    assert claim(kanban) == [("b", "t1", run + 1)]
-
-
-def test_reassign_moves_the_run_on_and_cancel_ends_the_task(kanban: KanbanBoard) -> None:
-    kanban.add_task("b", "x", task_id="t1")
-    [(_, _, run)] = claim(kanban)
-    moved = kanban.reassign_task("b", "t1", assignee="alice", lane="humans")
-    assert moved.current_run_id == run + 1 and moved.status is TaskStatus.RUNNING
-    assert not kanban.complete_task("b", "t1", run, {"status": "done"})
-    cancelled = kanban.cancel_task("b", "t1")
-    assert cancelled.status is TaskStatus.DONE and cancelled.result == {"cancelled": True}
+from core.errors import InvalidInput, NotFound, TransientError
+from core.settings import Settings
 
 
 def test_operator_moves_name_what_was_wrong(kanban: KanbanBoard) -> None:
@@ -109,3 +60,27 @@ def test_flaky_board_fails_poisoned_tasks_every_time(kanban: KanbanBoard) -> Non
         with pytest.raises(PoisonedTask, match="bad"):
             flaky.get_task("b", "bad")
     assert flaky.list_boards() == ["b"]
+
+
+def test_an_operator_move_that_lost_a_race_changes_nothing(settings: Settings, kanban: KanbanBoard) -> None:
+    """Between the move's read and its guarded write another writer moves the task: refused, not blind."""
+    if not settings.board_url.startswith("postgresql"):
+        pytest.skip("SQLite's BEGIN IMMEDIATE already keeps every other writer out of the move")
+    kanban.add_task("b", "x", task_id="t1")
+    kanban.claim_ready(1, assignee="pool", lane="pool")
+    other = KanbanBoard(settings.board_url)
+    fired: list[bool] = []
+
+    @event.listens_for(kanban.engine, "before_cursor_execute")
+    def sneak_in(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith("UPDATE tasks") and not fired:
+            fired.append(True)
+            assert other.complete_task("b", "t1", 1, {"status": "done"})
+
+    with pytest.raises(TransientError, match="changed concurrently"):
+        kanban.reassign_task("b", "t1", assignee="alice", lane="humans")
+    event.remove(kanban.engine, "before_cursor_execute", sneak_in)
+    assert fired, "the other writer got in"
+    task = kanban.get_task("b", "t1")
+    assert task is not None and task.status is TaskStatus.DONE and task.lane == "pool"
+    other.engine.dispose()

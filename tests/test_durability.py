@@ -11,14 +11,14 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from poolkeeper.settings import Settings
+from core.settings import Settings
 from store import PoolStore
 
 WRITER = r"""
 import sys, time
-from poolkeeper.settings import Settings
+from core.settings import Settings
 from store import PoolStore, transitions
-store = PoolStore(Settings(database_url=sys.argv[1], pool_size=1, lease_seconds=0.001))
+store = PoolStore.from_settings(Settings(database_url=sys.argv[1], pool_size=1, lease_seconds=0.001))
 i = 0
 while True:
     i += 1
@@ -33,7 +33,7 @@ while True:
 
 def test_sigkill_mid_write_loses_no_acknowledged_transition(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/pool.db"
-    PoolStore(Settings(database_url=url)).migrate()
+    PoolStore.from_settings(Settings(database_url=url)).migrate()
     proc = subprocess.Popen(
         [sys.executable, "-c", WRITER, url],
         stdout=subprocess.PIPE,
@@ -52,7 +52,7 @@ def test_sigkill_mid_write_loses_no_acknowledged_transition(tmp_path: Path) -> N
 
     with sqlite3.connect(f"{tmp_path}/pool.db") as raw:
         assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    store = PoolStore(Settings(database_url=url))
+    store = PoolStore.from_settings(Settings(database_url=url))
     with store.session(readonly=True) as s:
         rows = {r.task_id: (r.state, r.fence) for r in s.execute(text("SELECT * FROM assignments"))}
         live = s.scalar(text("SELECT count(*) FROM assignments WHERE state IN ('assigned','running')"))

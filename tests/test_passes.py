@@ -3,32 +3,31 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
 from board import FlakyBoard, KanbanBoard, TaskStatus
-from poolkeeper.errors import TransientError
-from store import PoolStore, queries
+from core.errors import TransientError
+from store import queries
 from store.models import RowState
-from tasks import materialize, runner
+from tasks import failures, runner
 from tasks.maintain import maintain_once
-from tasks.plane import LocalCoordination, Plane
-from tests.conftest import NOW, row_state
+from tasks.plane import Plane
+from tests.factories import NOW, row_state, scanned
 
 
-@pytest.fixture
-def plane(store: PoolStore, kanban: KanbanBoard) -> Iterator[Plane]:
-    yield Plane(store.settings, store, kanban, LocalCoordination())
+def dispatched(plane: Plane) -> list[dict[str, Any]]:
+    """The claims dispatch handed to materialize this tick."""
+    return scanned(plane, "materialize").get("materialize", [])
 
 
 def claimed(plane: Plane, kanban: KanbanBoard, n: int = 1, board: str = "b") -> list[int]:
     """Given n tasks claimed by dispatch and materialized: their row ids."""
     for i in range(n):
         kanban.add_task(board, f"task {i}", task_id=f"{board}{i}")
-    for claim in materialize.dispatch(plane):
+    for claim in scanned(plane, "materialize")["materialize"]:
         assert runner.run_key(plane, "materialize", claim, NOW) == "added"
     with plane.store.session() as s:
         return [r.id for r in queries.rows(s)][-n:]
@@ -51,9 +50,9 @@ def past_lease(plane: Plane) -> float:
 def test_dispatch_claims_no_more_than_free_ordinals(plane: Plane, kanban: KanbanBoard) -> None:
     for i in range(5):
         kanban.add_task("b", f"t{i}", task_id=f"t{i}")
-    claims = materialize.dispatch(plane)
+    claims = dispatched(plane)
     assert sorted(c["ordinal"] for c in claims) == [0, 1, 2]
-    assert materialize.dispatch(plane) == []  # the ordinals are reserved for the claims in flight
+    assert dispatched(plane) == []  # the ordinals are reserved for the claims in flight
     assert kanban.counts_by_status()["ready"] == 2
 
 
@@ -64,14 +63,14 @@ def test_dispatch_surfaces_a_programming_error(plane: Plane) -> None:
 
     plane.board = ChangedBoard(plane.settings.board_url)
     with pytest.raises(AttributeError):
-        materialize.dispatch(plane)
+        dispatched(plane)
     assert all(plane.coord.reserve(o) for o in range(3)), "reservations were released"
 
 
 def test_dispatch_absorbs_a_busy_board(plane: Plane, kanban: KanbanBoard) -> None:
     kanban.add_task("b", "t", task_id="t")
     plane.board = FlakyBoard(kanban, busy_rate=0.999999)
-    assert materialize.dispatch(plane) == []
+    assert dispatched(plane) == []
     assert kanban.counts_by_status()["ready"] == 1
 
 
@@ -93,7 +92,7 @@ def test_materialize_parks_only_runs_that_cannot_be_served(
     kind: str | None,
 ) -> None:
     kanban.add_task("b", "t", body, task_id="t", lane=lane)
-    [claim] = materialize.dispatch(plane)
+    [claim] = dispatched(plane)
     assert runner.run_key(plane, "materialize", claim, NOW) == outcome
     task = kanban.get_task("b", "t")
     assert task is not None and task.status is status and task.block_kind == kind
@@ -106,7 +105,7 @@ def test_materialize_of_a_vanished_moved_or_duplicate_claim_changes_nothing(
 ) -> None:
     for t in ("gone", "moved", "dup"):
         kanban.add_task("b", t, task_id=t)
-    claims = {c["task_id"]: c for c in materialize.dispatch(plane)}
+    claims = {c["task_id"]: c for c in dispatched(plane)}
     kanban.delete_task("b", "gone")
     kanban.reassign_task("b", "moved", assignee="alice", lane="humans")
     assert runner.run_key(plane, "materialize", claims["gone"], NOW) == "vanished"
@@ -270,28 +269,61 @@ def test_poisoned_result_is_quarantined_and_others_go_on(
 # --- reconcile ---------------------------------------------------------------------
 
 
-def test_reconcile_releases_moved_runs_and_adopts_orphans(plane: Plane, kanban: KanbanBoard) -> None:
+def test_reconcile_hands_moved_runs_to_itself_and_orphans_to_materialize(
+    plane: Plane, kanban: KanbanBoard
+) -> None:
     [row] = claimed(plane, kanban)
     kanban.reassign_task("b", "b0", assignee="alice", lane="humans")
     kanban.add_task("b", "orphan", task_id="orphan")
     kanban.add_task("b", "human", task_id="human", lane="humans")
     kanban.claim_ready(5, assignee="poolkeeper", lane="pool")  # claimed; the materialize never came
     kanban.claim_ready(5, assignee="poolkeeper", lane="humans")  # not the pool's lane: never adopted
-    assert runner.run_key(plane, "reconcile", "b", NOW) == "adopted=1 stale=1"
+    queued = scanned(plane, "reconcile")
+    assert queued["reconcile"] == [row]
+    [claim] = queued["materialize"]
+    assert (claim["task_id"], claim["run_id"]) == ("orphan", 1)
+    assert runner.run_key(plane, "reconcile", row, NOW) == "stale"
+    assert runner.run_key(plane, "materialize", claim, NOW) == "added"
     assert row_state(plane.store, row)["state"] == "stale"
     with plane.store.session() as s:
         live = [(r.task_id, r.attempt) for r in queries.rows(s, state=RowState.ASSIGNED)]
     assert live == [("orphan", 1)]
-    assert runner.run_key(plane, "reconcile", "b", NOW) == "nothing"
+    assert scanned(plane, "reconcile") == {}
+
+
+def test_reconcile_leaves_a_row_whose_run_the_board_still_runs(plane: Plane, kanban: KanbanBoard) -> None:
+    [row] = claimed(plane, kanban)
+    assert runner.run_key(plane, "reconcile", row, NOW) == "current"
+    assert row_state(plane.store, row)["state"] == "assigned"
 
 
 def test_reconcile_never_adopts_a_run_that_has_a_row_in_any_state(plane: Plane, kanban: KanbanBoard) -> None:
     row = lease_failed_row(plane, kanban)
-    assert runner.run_key(plane, "reconcile", "b", NOW) == "nothing"
+    assert scanned(plane, "reconcile") == {}
     assert row_state(plane.store, row)["state"] == "lease_failed"
 
 
-def test_one_failing_board_does_not_stop_the_next(plane: Plane, kanban: KanbanBoard) -> None:
+def test_an_orphan_the_board_cannot_read_alone_still_gets_a_row(plane: Plane, kanban: KanbanBoard) -> None:
+    """Reconcile's claim carries the task as the board listed it: a row stands for the run."""
+    kanban.add_task("b", "x", task_id="bad")
+    kanban.claim_ready(5, assignee="poolkeeper", lane="pool")
+    plane.board = FlakyBoard(kanban, poison=frozenset({"bad"}))
+    [claim] = scanned(plane, "reconcile")["materialize"]
+    assert runner.run_key(plane, "materialize", claim, NOW) == "added"
+    with plane.store.session() as s:
+        assert [(r.task_id, r.state) for r in queries.rows(s)] == [("bad", "assigned")]
+
+
+def test_reconcile_adopts_orphans_of_archived_boards(plane: Plane, kanban: KanbanBoard) -> None:
+    kanban.add_task("old", "x", task_id="x")
+    kanban.claim_ready(5, assignee="poolkeeper", lane="pool")
+    kanban.archive_board("old")
+    assert maintain_once(plane, NOW)["materialize"] == {"added": 1}
+
+
+def test_one_failing_board_does_not_stop_the_next(
+    plane: Plane, kanban: KanbanBoard, caplog: pytest.LogCaptureFixture
+) -> None:
     kanban.add_task("bad", "x", task_id="x")
     kanban.add_task("good", "y", task_id="y")
     kanban.claim_ready(5, assignee="poolkeeper", lane="pool")
@@ -303,8 +335,11 @@ def test_one_failing_board_does_not_stop_the_next(plane: Plane, kanban: KanbanBo
             return super().running_tasks(board)
 
     plane.board = OneBoardDown(kanban)
-    summary = maintain_once(plane, NOW)
-    assert summary["reconcile"] == {"failed": 1, "adopted=1": 1}
+    caplog.set_level(logging.WARNING, "poolkeeper")
+    assert maintain_once(plane, NOW)["materialize"] == {"added": 1}
+    maintain_once(plane, NOW)
+    reports = [r for r in caplog.records if "corrupt" in r.getMessage()]
+    assert len(reports) == 1 and reports[0].levelno == logging.ERROR, "reported once, as a bug"
 
 
 def test_maintain_once_runs_a_claim_to_the_board(plane: Plane, kanban: KanbanBoard) -> None:
@@ -321,7 +356,7 @@ def test_maintain_once_runs_a_claim_to_the_board(plane: Plane, kanban: KanbanBoa
 def test_reporter_logs_each_distinct_detail_once_with_bounded_memory(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    rep = runner.Reporter(size=2)
+    rep = failures.Reporter(size=2)
     caplog.set_level(logging.INFO, "poolkeeper")
     for detail in ["a", "a", "b", "b", "a"]:
         rep.once("expire", "1", detail)

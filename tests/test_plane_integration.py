@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import sqlite3
 import time
@@ -18,12 +19,13 @@ import pytest
 from sqlalchemy import text
 
 from board import KanbanBoard, TaskStatus
+from core.errors import StaleHolder
+from core.settings import Settings
 from poolkeeper.embedded import CeleryProc, RedisServer, free_port, wait_for
-from poolkeeper.errors import StaleHolder
-from poolkeeper.settings import Settings
 from poolkeeper.simulate import Faults, SimPool, envelope
 from store import PoolStore, queries
-from tasks import scan
+from tasks import registry, scan
+from tasks.declaration import Outcome
 from tasks.plane import Plane, RedisCoordination
 
 pytestmark = pytest.mark.integration
@@ -101,7 +103,7 @@ def env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PlaneEnv]:
     server = RedisServer(tmp_path).start()
     marker = request.node.get_closest_marker("plane_settings")
     settings = make_settings(tmp_path, server.url, **(marker.kwargs if marker else {}))
-    store, kanban = PoolStore(settings), KanbanBoard(settings.board_url)
+    store, kanban = PoolStore.from_settings(settings), KanbanBoard(settings.board_url)
     store.migrate()
     kanban.migrate()
     e = PlaneEnv(tmp_path, server, settings, store, kanban)
@@ -292,12 +294,12 @@ def _queued(e: PlaneEnv) -> list[tuple[str, list[Any]]]:
 def test_a_storm_never_queues_more_than_one_message_per_row(env: PlaneEnv) -> None:
     k = 60
     settings = make_settings(env.tmp, env.redis.url, pool_size=k)
-    store = PoolStore(settings)
+    store = PoolStore.from_settings(settings)
     for i in range(k):  # K running rows whose leases ended long ago
         store.add_run(board="b", task_id=f"s{i}", run_id=1, ordinal=i, payload={}, now=0)
         assert store.offer(i, now=0) is not None
     plane = Plane(settings, store, env.kanban, RedisCoordination(env.redis.client(), settings))
-    from tasks.celery_app import make_app
+    from tasks.celery import make_app
 
     app = make_app(settings)
 
@@ -364,3 +366,6 @@ def test_worker_exports_prometheus_metrics(env: PlaneEnv) -> None:
     assert 'poolkeeper_pass_outcomes_total{outcome="added",pass_name="materialize"}' in body
     assert "poolkeeper_quarantined_rows 0.0" in body
     assert "poolkeeper_expiry_to_reoffer_seconds_bucket" in body
+    labels = set(re.findall(r'poolkeeper_pass_outcomes_total\{outcome="([^"]*)",pass_name="([^"]*)"\}', body))
+    allowed = {(o.value, p.name) for o in Outcome for p in registry.PASSES}
+    assert labels and labels <= allowed, f"unbounded labels: {labels - allowed}"

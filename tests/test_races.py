@@ -6,8 +6,8 @@ import multiprocessing as mp
 from typing import Any
 
 from board import KanbanBoard
-from poolkeeper.errors import PoolError
-from poolkeeper.settings import Settings
+from core.errors import PoolError
+from core.settings import Settings
 from store import PoolStore
 
 WORKERS = 6
@@ -15,7 +15,7 @@ ctx = mp.get_context("spawn")
 
 
 def _add_and_offer(url: str, me: int, barrier: Any, results: Any) -> None:
-    store = PoolStore(Settings(database_url=url, pool_size=3))
+    store = PoolStore.from_settings(Settings(database_url=url, pool_size=3))
     barrier.wait()
     try:
         store.add_run(board="b", task_id=f"t{me}", run_id=1, ordinal=0, payload={"me": me})
@@ -32,7 +32,7 @@ def _add_and_offer(url: str, me: int, barrier: Any, results: Any) -> None:
 def test_many_processes_adding_on_one_ordinal_have_exactly_one_winner(store: PoolStore) -> None:
     barrier, results = ctx.Barrier(WORKERS), ctx.Queue()
     procs = [
-        ctx.Process(target=_add_and_offer, args=(store.settings.database_url, i, barrier, results))
+        ctx.Process(target=_add_and_offer, args=(store.url, i, barrier, results))
         for i in range(WORKERS)
     ]
     for p in procs:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from poolkeeper.errors import SettingsError
-from poolkeeper.settings import Settings
+from core.errors import SettingsError
+from core.settings import Settings
 
 
 def test_defaults_are_the_reference_deployment() -> None:

@@ -1,4 +1,6 @@
-"""A Hypothesis state machine over the store's transitions, checking SPEC invariants 1-6 after every step.
+"""A Hypothesis state machine over the store's transitions, checking invariants 1-6 after every step.
+
+The invariants are numbered as in docs/design.md.
 
 Profiles: ``ci`` (the default, a few hundred examples) and ``long``
 (``HYPOTHESIS_PROFILE=long``) for a deeper search on demand.
@@ -17,11 +19,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sqlalchemy import text
 
-from poolkeeper.errors import DeliveryConflict, LostRace, OrdinalTaken, PoolError, StaleHolder
-from poolkeeper.settings import Settings
-from store import PoolStore, queries, transitions
+from core.errors import DeliveryConflict, LostRace, OrdinalTaken, PoolError, StaleHolder
+from core.settings import Settings
+from store import Offer, PoolStore, queries, rows, transitions
 from store.models import RowState
-from store.transitions import Offer
 
 settings.register_profile(
     "ci",
@@ -43,7 +44,7 @@ POOL = 3
 LEASE = 30.0
 TEMPLATE_DIR = tempfile.mkdtemp(prefix="pk-template-")
 TEMPLATE = f"{TEMPLATE_DIR}/template.db"
-_tpl = PoolStore(Settings(database_url=f"sqlite:///{TEMPLATE}"))
+_tpl = PoolStore.from_settings(Settings(database_url=f"sqlite:///{TEMPLATE}"))
 _tpl.migrate()
 _tpl.engine.dispose()
 
@@ -63,7 +64,7 @@ class StoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="pk-prop-")
         shutil.copy(TEMPLATE, f"{self.dir}/pool.db")
-        self.store = PoolStore(
+        self.store = PoolStore.from_settings(
             Settings(
                 database_url=f"sqlite:///{self.dir}/pool.db",
                 pool_size=POOL,
@@ -133,7 +134,7 @@ class StoreMachine(RuleBasedStateMachine):
         holder = data.draw(st.sampled_from(self.m.holders))
         env = _envelope(holder, f"d{self._next()}", as_result)
         with self.store.session(readonly=True) as s:
-            row = transitions.get_row(s, holder.row_id) if self._exists(holder.row_id) else None
+            row = rows.get_row(s, holder.row_id) if self._exists(holder.row_id) else None
         current = (
             row is not None
             and row.state == "running"

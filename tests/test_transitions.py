@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-from poolkeeper import simulate
-from poolkeeper.errors import (
+from core.errors import (
     DeliveryConflict,
     DuplicateIdentity,
     InvalidInput,
@@ -18,23 +16,11 @@ from poolkeeper.errors import (
     OrdinalTaken,
     StaleHolder,
 )
-from store import PoolStore, queries, transitions
+from core.retry import RetryPolicy
+from core.settings import Settings
+from store import PoolStore, bookkeeping, queries, transitions
 from store.models import RowState
-from store.transitions import Offer
-from tests.conftest import NOW, RowFactory, row_state
-
-
-def envelope(offer: Offer, delivery_id: str = "d1", **over: Any) -> dict[str, Any]:
-    """The simulated workers' envelope, with a fixed delivery id so a test can replay it."""
-    return simulate.envelope(offer, delivery_id=delivery_id, **over)
-
-
-def given_running(store: PoolStore, ordinal: int = 0, task_id: str = "t1") -> Offer:
-    store.add_run(board="b", task_id=task_id, run_id=1, ordinal=ordinal, payload={"title": task_id}, now=NOW)
-    offer = store.offer(ordinal, now=NOW)
-    assert offer is not None
-    return offer
-
+from tests.factories import NOW, RowFactory, envelope, given_running, row_state
 
 # --- add -------------------------------------------------------------------
 
@@ -80,7 +66,7 @@ def test_offer_starts_the_lease_with_a_new_fence(store: PoolStore) -> None:
     first = given_running(store, 0, "t1")
     second = given_running(store, 1, "t2")
     assert second.fence > first.fence
-    assert first.lease_until == NOW + store.settings.lease_seconds
+    assert first.lease_until == NOW + store.lease_seconds
     assert row_state(store, first.row_id)["state"] == "running"
 
 
@@ -110,7 +96,7 @@ def test_heartbeat_extends_the_lease_up_to_its_last_instant(store: PoolStore) ->
     offer = given_running(store)
     at = offer.lease_until  # still valid at the very end of the lease
     assert store.heartbeat(envelope(offer), now=at) == "applied"
-    assert row_state(store, offer.row_id)["lease_until"] == at + store.settings.lease_seconds
+    assert row_state(store, offer.row_id)["lease_until"] == at + store.lease_seconds
 
 
 def test_heartbeat_after_lease_end_is_refused(store: PoolStore) -> None:
@@ -224,8 +210,10 @@ def test_settle_with_a_stale_attempt_is_a_lost_race(store: PoolStore, make_row: 
     assert row_state(store, row)["state"] == "lease_failed"
 
 
-def test_gc_deletes_only_terminal_rows_past_retention(store: PoolStore, make_row: RowFactory) -> None:
-    cutoff = NOW - store.settings.retention_seconds
+def test_gc_deletes_only_terminal_rows_past_retention(
+    store: PoolStore, settings: Settings, make_row: RowFactory
+) -> None:
+    cutoff = NOW - settings.retention_seconds
     old_final = make_row(RowState.FINALIZED, updated_at=cutoff - 1)
     old_stale = make_row(RowState.STALE, updated_at=cutoff - 1)
     young = make_row(RowState.FINALIZED, updated_at=cutoff)
@@ -243,18 +231,21 @@ def test_gc_deletes_only_terminal_rows_past_retention(store: PoolStore, make_row
 # --- bookkeeping -------------------------------------------------------------
 
 
-def test_failures_back_off_then_quarantine_and_requeue_resets(store: PoolStore, make_row: RowFactory) -> None:
+def test_failures_back_off_then_quarantine_and_requeue_resets(
+    store: PoolStore, settings: Settings, make_row: RowFactory
+) -> None:
+    policy = RetryPolicy.from_settings(settings)
     row = make_row(RowState.LEASE_FAILED)
     rng = random.Random(1)
     delays = []
     for n in range(1, 4):
         with store.session() as s:
-            f = transitions.record_failure(s, row, "boom", settings=store.settings, now=NOW, rng=rng)
+            f = bookkeeping.record_failure(s, row, "boom", policy=policy, now=NOW, rng=rng)
         delays.append(f.next_attempt_at - NOW)
         assert f.failures == n and f.new_detail == (n == 1)
-    base = store.settings.backoff_base_seconds
+    base = settings.backoff_base_seconds
     assert base / 2 <= delays[0] <= base and 2 * base / 2 <= delays[1] <= 2 * base
-    assert f.quarantined and delays[2] == store.settings.quarantine_retry_seconds
+    assert f.quarantined and delays[2] == settings.quarantine_retry_seconds
     with store.session() as s:
         assert queries.due_in_state(s, RowState.LEASE_FAILED, now=NOW, limit=5) == []
         assert queries.due_in_state(s, RowState.LEASE_FAILED, now=f.next_attempt_at, limit=5) == [row]
@@ -264,12 +255,23 @@ def test_failures_back_off_then_quarantine_and_requeue_resets(store: PoolStore, 
     assert got["failures"] == 0 and not got["quarantined"] and got["state"] == "lease_failed"
 
 
-def test_transient_failures_delay_without_nearing_quarantine(store: PoolStore, make_row: RowFactory) -> None:
+def test_transient_failures_delay_without_nearing_quarantine(
+    store: PoolStore, settings: Settings, make_row: RowFactory
+) -> None:
+    policy = RetryPolicy.from_settings(settings)
     row = make_row(RowState.LEASE_FAILED)
     for _ in range(5):
         with store.session() as s:
-            f = transitions.record_failure(s, row, "busy", settings=store.settings, now=NOW, counts=False)
+            f = bookkeeping.record_failure(s, row, "busy", policy=policy, now=NOW, counts=False)
     assert f.failures == 0 and not f.quarantined and f.next_attempt_at > NOW
+
+
+def test_requeue_refuses_a_terminal_row_and_changes_nothing(store: PoolStore, make_row: RowFactory) -> None:
+    row = make_row(RowState.FINALIZED)
+    before = row_state(store, row)
+    with pytest.raises(InvalidInput, match="terminal"), store.session() as s:
+        transitions.requeue(s, row)
+    assert row_state(store, row) == before
 
 
 def test_unknown_row_is_not_found(store: PoolStore) -> None:
@@ -278,7 +280,7 @@ def test_unknown_row_is_not_found(store: PoolStore) -> None:
 
 
 def test_row_ids_are_never_reused_after_gc(store: PoolStore, make_row: RowFactory) -> None:
-    old = make_row(RowState.FINALIZED, updated_at=NOW - 2 * store.settings.retention_seconds)
+    old = make_row(RowState.FINALIZED, updated_at=NOW - 2 * 3600)
     with store.session() as s:
         assert transitions.collect_garbage(s, retention_seconds=3600, batch=10, now=NOW) == (1, 0)
     assert make_row(RowState.ASSIGNED) > old

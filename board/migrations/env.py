@@ -1,5 +1,5 @@
-"""Alembic environment; migrations run through poolkeeper.db.migrate (`poolctl init`)."""
+"""Alembic environment; migrations run through core.db.migrate (`poolctl init`)."""
 
-from poolkeeper.db import run_alembic_env
+from core.db import run_alembic_env
 
 run_alembic_env()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from poolkeeper.errors import SettingsError
+from core.errors import SettingsError
 
 T = TypeVar("T")
 

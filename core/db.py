@@ -21,7 +21,7 @@ from sqlalchemy import Engine, MetaData, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from poolkeeper.errors import TransientError
+from core.errors import TransientError
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 _TRANSIENT_SQLITE_WORDS = ("locked", "busy", "disk i/o error", "unable to open")
@@ -127,7 +127,7 @@ def run_alembic_env() -> None:
     cfg = context.config
     connection = cfg.attributes.get("connection")
     if connection is None:
-        raise RuntimeError("run migrations through `poolctl init` (poolkeeper.db.migrate)")
+        raise RuntimeError("run migrations through `poolctl init` (core.db.migrate)")
     context.configure(
         connection=connection,
         target_metadata=cfg.attributes["target_metadata"],

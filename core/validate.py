@@ -2,7 +2,7 @@
 
 Each check raises ``InvalidInput`` naming the field and what was wrong, before
 anything is written. JSON documents are canonicalised for digests; keys that
-look like credentials are refused (SPEC invariant 7: no secret is stored).
+look like credentials are refused (docs/design.md, invariant 7: no secret is stored).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from poolkeeper.errors import InvalidInput
+from core.errors import InvalidInput
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")

@@ -1,0 +1,166 @@
+"""The Celery entry point (``celery -A tasks worker|beat``): the app and its two thin tasks.
+
+The only module that does work at import: it reads the settings (a bad value
+is one line and exit 2), points prometheus_client's multiprocess mode at a
+directory of its own when the worker exports metrics, and builds the app.
+
+Settings: JSON only, late acks, reject on worker lost, prefetch 1, soft and
+hard time limits, a broker visibility timeout longer than any countdown,
+results ignored, one ``maintenance`` queue. Nothing runs at start-up: a worker
+or beat with poisoned rows in the store comes up and serves.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+from core.errors import SettingsError, TransientError
+from core.settings import Settings
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except SettingsError as err:
+        print(f"poolkeeper: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _metrics_dir(settings: Settings) -> None:
+    """Prefork children share counters through files; the directory goes when the worker does."""
+    if not settings.metrics_port or "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        return
+    path = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="poolkeeper-metrics-")
+    owner = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == owner:  # not in a forked child
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(remove)
+
+
+SETTINGS = _settings()
+_metrics_dir(SETTINGS)  # before prometheus_client is imported (below) it must be set
+
+from celery import Celery, Task  # noqa: E402
+from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown  # noqa: E402
+from kombu.entity import Queue  # noqa: E402
+
+import beat_schedule  # noqa: E402
+from core.retry import RetryPolicy  # noqa: E402
+from store import PoolStore  # noqa: E402
+from tasks import failures, metrics, registry, runner, scan  # noqa: E402
+from tasks import plane as planes  # noqa: E402
+
+log = logging.getLogger("poolkeeper.maintenance")
+QUEUE = "maintenance"
+PROCESS_TASK = "poolkeeper.process"
+
+
+def make_app(settings: Settings) -> Celery:
+    celery = Celery("poolkeeper", broker=planes.worker_redis_url(settings))
+    celery.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_time_limit=settings.task_time_limit,
+        task_soft_time_limit=settings.task_time_limit * 0.8,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_connection_retry_on_startup=True,
+        task_default_queue=QUEUE,
+        task_queues=[Queue(QUEUE)],
+        worker_hijack_root_logger=True,
+        beat_schedule=beat_schedule.schedule(settings, registry.PASSES),
+    )
+    return celery
+
+
+app = make_app(SETTINGS)
+
+
+@worker_process_init.connect
+def _fresh_plane_in_child(**_: Any) -> None:
+    planes.forget_after_fork()
+
+
+@worker_init.connect
+def _worker_start(**_: Any) -> None:
+    if SETTINGS.metrics_port:
+        store = PoolStore.from_settings(SETTINGS)
+        metrics.start_exporter(SETTINGS.metrics_port, SETTINGS.http_host, store)
+        log.info("metrics on http://%s:%d/metrics", SETTINGS.http_host, SETTINGS.metrics_port)
+
+
+@worker_process_shutdown.connect
+def _forget_child_metrics(pid: int | None = None, **_: Any) -> None:
+    metrics.child_exited(pid or os.getpid())
+
+
+def _enqueue(pass_name: str, keys: list[Any]) -> None:
+    process.apply_async((pass_name, keys))
+
+
+@app.task(name=beat_schedule.SCAN_TASK)
+def scan_pass(pass_name: str) -> None:
+    """Beat: run one pass's scanner and enqueue the keys it finds.
+
+    Storage faults skip the tick; anything else surfaces loudly.
+    """
+    try:
+        n = scan.scan(planes.current(), pass_name, time.time(), _enqueue)
+    except TransientError as err:
+        log.warning("%s: scan skipped this tick: %s", pass_name, err)
+        return
+    if n:
+        log.info("%s: enqueued %d keys", pass_name, n)
+
+
+@app.task(name=PROCESS_TASK, bind=True, max_retries=None)
+def process(self: Task, pass_name: str, keys: list[Any]) -> None:
+    """Run each key of one pass in isolation; split out transient failures and retry them alone."""
+    plane = planes.current()
+    p = registry.get(pass_name)
+    policy = RetryPolicy.from_settings(plane.settings)
+    now = time.time()
+    try:
+        result = runner.run_batch(plane, pass_name, keys, now, abort=(SoftTimeLimitExceeded,))
+    except SoftTimeLimitExceeded:
+        log.warning("%s: soft time limit hit; the unfinished keys are rescanned", pass_name)
+        _clear(plane, p.name, [p.key_name(k) for k in keys])
+        return
+    if summary := result.summary():
+        log.info("%s: %s", pass_name, summary)
+    finished = [key for key, _ in result.done]
+    again = []
+    for key, err in result.transient:
+        if self.request.retries < plane.settings.transient_retries:
+            again.append(key)
+        else:
+            failures.give_up(plane, p, key, err, now)
+            finished.append(key)
+    _clear(plane, p.name, [p.key_name(k) for k in finished])
+    if len(keys) == 1 and again:  # keep the marker: this message stays pending
+        raise self.retry(countdown=policy.backoff(self.request.retries + 1))
+    for key in again:  # a failing key is split out and retried alone
+        process.apply_async((pass_name, [key]), countdown=policy.backoff(1))
+
+
+def _clear(plane: planes.Plane, pass_name: str, names: list[str]) -> None:
+    try:
+        plane.coord.clear_pending(pass_name, names)
+    except TransientError as err:
+        log.warning("%s: pending markers left to expire: %s", pass_name, err)

@@ -1,0 +1,124 @@
+"""What a maintenance pass declares about itself, and the outcomes it may report.
+
+Each pass module ends with one ``PASS = Pass(...)``; ``tasks.registry`` lists
+them, and the beat schedule, ``poolctl maintain --once``, the scanners, the
+runner and the Celery tasks all iterate that list (docs/design.md, "Passes").
+
+A pass is two halves:
+
+- ``find`` (the scanner, run by beat at ``interval``): a cheap indexed query
+  that hands due keys to ``submit``; a scanner may also feed another pass
+  (reconcile hands orphaned runs to materialize);
+- the per-key work, exactly one of: ``run_in`` (store-only: a batch of keys
+  shares one transaction, a savepoint each) or ``run`` (talks to the board:
+  each key in its own short transactions, none held across a board call).
+
+``lock`` says which Redis lock a key takes: the row's own (``ROW``: every
+pass on one row excludes the others) or the pass's (``OWN``: claims, GC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+
+from core.settings import Settings
+
+if TYPE_CHECKING:
+    from tasks.plane import Plane
+
+Key = Any  # a row id, a claim dict or "all": whatever the pass's scanner submits, JSON in a message
+# submit(pass name, keys) -> the keys that were enqueued (not already pending)
+Submit = Callable[[str, Sequence[Key]], list[Key]]
+Finder = Callable[["Plane", float, Submit], int]
+KeyWork = Callable[["Plane", Key, float], "Outcome"]
+ConnectionWork = Callable[[Connection, "Plane", Key, float], "Outcome"]
+
+
+class Lock(StrEnum):
+    ROW = "row"  # the row's lock, shared by every pass that works on rows
+    OWN = "own"  # a lock of the pass's own, per key
+
+
+class Outcome(StrEnum):
+    """Everything a key of a pass can come to. Only these become metric labels."""
+
+    REOFFERED = "reoffered"
+    LEASE_FAILED = "lease_failed"
+    FINALIZED = "finalized"
+    STALE = "stale"
+    CURRENT = "current"  # the board still runs this row's run: nothing to do
+    ADDED = "added"
+    DUPLICATE = "duplicate"
+    PARKED = "parked"
+    VANISHED = "vanished"
+    MOVED_ON = "moved_on"
+    COLLECTED = "collected"
+    NOTHING = "nothing"
+    LOST_RACE = "lost_race"
+    LOCK_BUSY = "lock_busy"
+    DEFERRED = "deferred"
+    FAILED = "failed"
+    QUARANTINED = "quarantined"
+    RETRY_LATER = "retry_later"
+    SCAN_BUSY = "scan_busy"
+    SCAN_FAILED = "scan_failed"
+
+
+# No line per key for these: nothing happened, or someone else did it.
+QUIET = frozenset({Outcome.LOST_RACE, Outcome.NOTHING, Outcome.LOCK_BUSY, Outcome.CURRENT})
+# The everyday outcomes: one line per key only at DEBUG; the batch summary counts them.
+ROUTINE = frozenset({Outcome.REOFFERED, Outcome.FINALIZED, Outcome.ADDED, Outcome.COLLECTED})
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    lock: Lock
+    interval: Callable[[Settings], float]  # how often beat runs ``find``
+    find: Finder
+    run: KeyWork | None = None
+    run_in: ConnectionWork | None = None
+    key_name: Callable[[Key], str] = str  # the key in lock and marker names and in logs
+
+    def __post_init__(self) -> None:
+        if (self.run is None) == (self.run_in is None):
+            raise TypeError(f"pass {self.name}: give exactly one of run (board) or run_in (store-only)")
+
+    @property
+    def store_only(self) -> bool:
+        return self.run_in is not None
+
+    def lock_name(self, key: Key) -> str:
+        return f"row:{self.key_name(key)}" if self.lock is Lock.ROW else f"{self.name}:{self.key_name(key)}"
+
+
+MAX_PAGES = 10
+
+DueQuery = Callable[..., list[int]]  # (session, *, now, limit, offset) -> row ids
+
+
+def due_rows(pass_name: str, due: DueQuery) -> Finder:
+    """A scanner over one indexed due-rows query, paging past rows already pending.
+
+    A backlog at the head of the index never hides the due rows behind it;
+    paging is bounded (``MAX_PAGES``) and stops once a tick enqueued its limit.
+    """
+
+    def find(plane: Plane, now: float, submit: Submit) -> int:
+        limit = plane.settings.scan_limit
+        enqueued = 0
+        for page in range(MAX_PAGES):
+            with plane.store.session(readonly=True) as s:
+                keys = due(s, now=now, limit=limit, offset=page * limit)
+            enqueued += len(submit(pass_name, keys))
+            if len(keys) < limit or enqueued >= limit:
+                break
+        return enqueued
+
+    return find
+

@@ -1,0 +1,147 @@
+"""The one failure path: classify an error, record it on its own row, report it once.
+
+Every pass and the runner go through here (docs/design.md, "Error classes"):
+
+| class       | what happens                                                            |
+| ----------- | ----------------------------------------------------------------------- |
+| transient   | nothing changes; the caller retries the key with backoff                |
+| lost race   | another writer did it: skipped silently                                 |
+| protocol    | nothing changes on the board; deferred (reconcile fixes it), reported   |
+| capability  | parked by the pass that can park the run (materialize); else as "other" |
+| other       | recorded on that row only (backoff, then quarantine); the rest go on    |
+
+Reports are logged once per distinct (pass, key, detail), with bounded
+memory, and forgotten when the key succeeds, so a recurrence is seen again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from enum import StrEnum
+
+from core.db import is_transient
+from core.errors import CapabilityError, LostRace, ProtocolError
+from core.retry import RetryPolicy
+from store import bookkeeping
+from tasks import metrics
+from tasks.declaration import Key, Lock, Outcome, Pass
+from tasks.plane import Plane
+
+log = logging.getLogger("poolkeeper.maintenance")
+
+
+class ErrorClass(StrEnum):
+    TRANSIENT = "transient"
+    LOST_RACE = "lost_race"
+    PROTOCOL = "protocol"
+    CAPABILITY = "capability"
+    OTHER = "other"
+
+
+def classify(err: BaseException) -> ErrorClass:
+    if is_transient(err):
+        return ErrorClass.TRANSIENT
+    if isinstance(err, LostRace):
+        return ErrorClass.LOST_RACE
+    if isinstance(err, ProtocolError):
+        return ErrorClass.PROTOCOL
+    if isinstance(err, CapabilityError):
+        return ErrorClass.CAPABILITY
+    return ErrorClass.OTHER
+
+
+class Reporter:
+    """Logs a failure once per distinct (pass, key, detail); bounded memory; reset on success."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._seen: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    def once(self, pass_name: str, key: str, detail: str, level: int = logging.WARNING) -> bool:
+        """Log unless this exact detail was the last one reported for the key; True if logged."""
+        slot = (pass_name, key)
+        seen = self._seen.get(slot) == detail
+        self._seen[slot] = detail
+        self._seen.move_to_end(slot)
+        while len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+        if not seen:
+            log.log(level, "%s %s: %s", pass_name, key, detail)
+        return not seen
+
+    def succeeded(self, pass_name: str, key: str) -> None:
+        self._seen.pop((pass_name, key), None)
+
+
+reporter = Reporter()
+
+
+def describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"
+
+
+def handle(plane: Plane, p: Pass, key: Key, err: Exception, now: float) -> Outcome:
+    """A non-transient failure of one key: what it comes to (recorded where it belongs)."""
+    kind = classify(err)
+    if kind is ErrorClass.LOST_RACE:
+        return Outcome.LOST_RACE
+    if kind is ErrorClass.PROTOCOL:
+        reporter.once(p.name, p.key_name(key), f"deferred: {err}")
+        return Outcome.DEFERRED
+    return record(plane, p, [(key, err)], now, counts=True)[0]
+
+
+def give_up(plane: Plane, p: Pass, key: Key, err: BaseException, now: float) -> Outcome:
+    """Transient retries ran out: back the row off durably, without nearing quarantine."""
+    outcome = record(plane, p, [(key, err)], now, counts=False)[0]
+    metrics.PASS_OUTCOMES.labels(p.name, outcome.value).inc()
+    return outcome
+
+
+def record(
+    plane: Plane, p: Pass, failed: Sequence[tuple[Key, BaseException]], now: float, *, counts: bool
+) -> list[Outcome]:
+    """Record each failure on its own row (one transaction for all, a savepoint each).
+
+    A pass that does not work on rows has nowhere durable to record: its
+    scanner finds the key again next tick, and the failure is reported once.
+    """
+    settled = Outcome.FAILED if counts else Outcome.RETRY_LATER
+    level = logging.ERROR if counts else logging.WARNING
+    if p.lock is not Lock.ROW:
+        for key, err in failed:
+            reporter.once(p.name, p.key_name(key), describe(err), level)
+        return [settled] * len(failed)
+    policy = RetryPolicy.from_settings(plane.settings)
+    outcomes = []
+    try:
+        with plane.store.session() as s:
+            for key, err in failed:
+                detail = describe(err)
+                try:
+                    with s.begin_nested():
+                        f = bookkeeping.record_failure(
+                            s, int(key), detail, policy=policy, now=now, counts=counts
+                        )
+                except Exception as inner:  # this row cannot even take the record: report it
+                    reporter.once(p.name, str(key), f"{detail} (unrecorded: {inner})", logging.ERROR)
+                    outcomes.append(Outcome.FAILED)
+                    continue
+                if f.new_detail:
+                    log.log(
+                        level,
+                        "%s row %s failed (%d in a row%s): %s",
+                        p.name,
+                        key,
+                        f.failures,
+                        ", quarantined" if f.quarantined else "",
+                        detail,
+                    )
+                outcomes.append(Outcome.QUARANTINED if counts and f.quarantined else settled)
+    except Exception as inner:  # the store itself is failing: the scanner finds the rows again
+        for key, err in failed:
+            reporter.once(p.name, str(key), f"{describe(err)} (unrecorded: {inner})", logging.ERROR)
+        return [Outcome.FAILED] * len(failed)
+    return outcomes

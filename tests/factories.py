@@ -1,0 +1,51 @@
+"""Shared test helpers: the fixed clock, row and envelope factories, reading a row back.
+
+Test modules import these from here, never from each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import text
+
+from poolkeeper import simulate
+from store import Offer, PoolStore
+from tasks import registry, scan
+from tasks.plane import Plane
+
+NOW = 1_800_000_000.0  # the fixed clock of the unit tests
+RowFactory = Callable[..., int]  # the ``make_row`` fixture: a row in a given state, its id back
+
+
+def given_running(store: PoolStore, ordinal: int = 0, task_id: str = "t1") -> Offer:
+    store.add_run(board="b", task_id=task_id, run_id=1, ordinal=ordinal, payload={"title": task_id}, now=NOW)
+    offer = store.offer(ordinal, now=NOW)
+    assert offer is not None
+    return offer
+
+
+def envelope(offer: Offer, delivery_id: str = "d1", **over: Any) -> dict[str, Any]:
+    """The simulated workers' envelope, with a fixed delivery id so a test can replay it."""
+    return simulate.envelope(offer, delivery_id=delivery_id, **over)
+
+
+def row_state(store: PoolStore, row_id: int) -> dict[str, Any]:
+    with store.session(readonly=True) as s:
+        row = s.execute(text("SELECT * FROM assignments WHERE id = :id"), {"id": row_id}).mappings().first()
+    assert row is not None, f"row {row_id} is gone"
+    return dict(row)
+
+
+def scanned(plane: Plane, pass_name: str, now: float = NOW) -> dict[str, list[Any]]:
+    """Run one pass's scanner: the keys it submitted, by the pass they were submitted to."""
+    queued: dict[str, list[Any]] = {}
+
+    def collect(name: str, keys: Sequence[Any]) -> None:
+        queued.setdefault(name, []).extend(keys)
+
+    scan.scan(plane, pass_name, now, collect)
+    for name, keys in queued.items():  # submitted means pending: clear, as a worker would
+        plane.coord.clear_pending(name, [registry.get(name).key_name(k) for k in keys])
+    return {name: keys for name, keys in queued.items() if keys}

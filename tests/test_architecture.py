@@ -1,0 +1,100 @@
+"""The shape of the code: floors, one list of passes, imports that do nothing, bounded labels."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import beat_schedule
+from core.settings import Settings
+from tasks import registry
+from tasks.declaration import Outcome, Pass
+from tasks.maintain import maintain_once
+from tasks.plane import Plane
+
+ROOT = Path(__file__).resolve().parent.parent
+BELOW_THE_APPS = ("core", "store", "board", "tasks")
+
+
+def imported_roots(path: Path) -> set[str]:
+    """Top-level names a file imports (absolute imports only: the project uses no others)."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_the_layers_contract_holds() -> None:
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("lint-imports")), "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_the_schedule_stands_on_the_ground_only() -> None:
+    assert imported_roots(ROOT / "beat_schedule.py") & {"store", "board", "tasks", "poolkeeper"} == set()
+
+
+def test_only_the_celery_entry_point_imports_celery() -> None:
+    offenders = [
+        str(path.relative_to(ROOT))
+        for package in BELOW_THE_APPS
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != ROOT / "tasks" / "celery.py" and imported_roots(path) & {"celery", "kombu"}
+    ]
+    assert offenders == []
+
+
+def test_importing_any_module_but_the_entry_point_does_nothing() -> None:
+    """With a broken environment every module still imports: none reads it, builds an app or a dir."""
+    modules = [
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for package in (*BELOW_THE_APPS, "poolkeeper")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "migrations" not in path.parts and path != ROOT / "tasks" / "celery.py"
+    ] + ["beat_schedule"]
+    probe = (
+        "import importlib, json, os, sys\n"
+        "for m in sys.argv[1:]: importlib.import_module(m)\n"
+        "print(json.dumps({'celery_app': 'tasks.celery' in sys.modules,"
+        " 'multiproc': 'PROMETHEUS_MULTIPROC_DIR' in os.environ}))\n"
+    )
+    env = {**os.environ, "POOL_SIZE": "-1", "POOL_DATABASE_URL": "", "POOL_METRICS_PORT": "9100"}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *modules], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == {"celery_app": False, "multiproc": False}
+
+
+def test_every_registered_pass_is_scheduled_and_run_by_maintain_once(plane: Plane) -> None:
+    names = [p.name for p in registry.PASSES]
+    assert len(set(names)) == len(names)
+    entries = beat_schedule.schedule(Settings(), registry.PASSES)
+    assert sorted(e["args"][0] for e in entries.values()) == sorted(names)
+    assert all(e["task"] == beat_schedule.SCAN_TASK for e in entries.values())
+    assert list(maintain_once(plane, 0.0)) == names
+
+
+@pytest.mark.parametrize("p", registry.PASSES, ids=lambda p: p.name)
+def test_every_pass_declares_an_interval_from_the_settings(p: Pass) -> None:
+    intervals = Settings(tick_seconds=7.0, reconcile_seconds=11.0, gc_seconds=13.0)
+    assert p.interval(intervals) in (7.0, 11.0, 13.0)
+
+
+def test_outcomes_are_a_closed_set_of_plain_words() -> None:
+    assert all(o.value.replace("_", "").isalpha() for o in Outcome)
