@@ -1,149 +1,210 @@
 """A storm of expired leases: how fast each way of working re-offers them all.
 
 N running rows whose leases ended (default 10,000), re-offered by:
+  (b) the honest baseline: the fastest monolithic pass a careful engineer
+      writes without isolation, on the DB-API (sqlite3 / psycopg): one
+      transaction, select the due rows, one conditional UPDATE per row, commit;
+  (b') the same monolithic pass through the store's own transition functions;
   (a) the plane: real redis-server, a Celery worker with 2 processes, the
-      scanner enqueueing batches; each row its own lock and savepoint;
-  (b) a monolithic in-process pass: all rows in one transaction, no isolation;
-  (c) a naive plane: one message, one lock, one connection per row;
+      scanner enqueueing batches; each row its own lock and outcome, one
+      set-based statement per batch, split only where it fails;
   (a') the plane again with 1% poisoned rows (the database refuses their
-      transition on every attempt).
-Prints rows/s for each, ratio = (a)/(b) (target >= 0.5), and what the poisoned
-rows cost the healthy ones (target < 5%). All in one run, so the ratios hold
-on a noisy machine.
+      transition on every attempt): what they cost the healthy rows;
+  (c) a naive plane: one message, one lock, one connection per row.
+Then, at the DEFAULT tick, scan and batch settings: a 100,000-row storm (rows/s
+and time to clear), the worker's RSS after it beside its RSS after a 1,000-row
+storm, and the steady-state delay from a lease's end to its re-offer (p99).
+On PostgreSQL (if reachable): the storm with 1, 2 and 4 worker processes.
+Every figure is measured in the same run as its baseline, so ratios hold on a
+noisy machine.
 
-    python bench/storm.py [--rows N] [--naive-rows N]
+    python bench/storm.py [--rows N] [--big N] [--rounds R] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import random
+import sqlite3
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
 from core.settings import Settings
 from poolkeeper.embedded import CeleryProc, RedisServer, wait_for
 from store import PoolStore, queries, transitions
 from tasks import scan
-from tasks.celery import make_app
+from tasks.celery import PROCESS_TASK, QUEUE, make_app
 from tasks.plane import Plane, RedisCoordination
 
-TICK = 0.25  # the scanner interval of the plane runs (POOL_TICK_SECONDS)
-POISON_TRIGGER = """
-CREATE TRIGGER poison BEFORE UPDATE OF state ON assignments
-WHEN OLD.task_id LIKE 'poison%' AND NEW.state <> OLD.state
-BEGIN SELECT RAISE(ABORT, 'poisoned row'); END
-"""
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+FAST_TICK = 0.25  # the tuned runs' scanner interval; the default-settings runs use the default
+POISON = {
+    "sqlite": [
+        "CREATE TRIGGER poison BEFORE UPDATE OF state ON assignments"
+        " WHEN OLD.task_id LIKE 'poison%' AND NEW.state <> OLD.state"
+        " BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
+    ],
+}
+RAW_EXPIRE = (
+    "UPDATE assignments SET state = CASE WHEN attempt < {p} THEN 'assigned' ELSE 'lease_failed' END,"
+    " attempt = CASE WHEN attempt < {p} THEN attempt + 1 ELSE attempt END, updated_at = {p},"
+    " failures = 0, last_error = NULL, next_attempt_at = 0, quarantined = false"
+    " WHERE id = {p} AND state = 'running' AND lease_until > 0 AND lease_until < {p}"
+)
+RAW_DUE = (
+    "SELECT id FROM assignments WHERE state = 'running' AND lease_until > 0 AND lease_until < {p}"
+    " AND next_attempt_at <= {p} ORDER BY lease_until, id"
+)
 
 
-def storm(workdir: Path, n: int, redis_url: str, poisoned: int = 0) -> tuple[Settings, PoolStore]:
-    """n running rows, leases ended a minute ago; the first ``poisoned`` refuse every transition."""
-    settings = Settings(
-        database_url=f"sqlite:///{workdir}/pool.db",
-        board_url=f"sqlite:///{workdir}/board.db",
-        redis_url=redis_url,
-        pool_size=n,
-        lease_seconds=30,
-        max_attempts=3,
-        batch_size=200,
-        scan_limit=5000,
-        quarantine_after=3,
-        backoff_base_seconds=60,
-    )
+def storm(
+    url: str, n: int, redis_url: str, *, poisoned: int = 0, leases: list[float] | None = None, **over: Any
+) -> tuple[Settings, PoolStore]:
+    """n running rows (leases ended a minute ago unless given); the first ``poisoned`` refuse every change."""
+    settings = Settings(database_url=url, board_url=url, redis_url=redis_url, pool_size=max(n, 1), **over)
     store = PoolStore.from_settings(settings)
     store.migrate()
     past = time.time() - 60
     rows = [
         {
-            "board": "b",
             "task_id": f"{'poison' if i < poisoned else 'task'}{i}",
             "ordinal": i,
             "fence": i + 1,
-            "lease": past,
+            "lease": past if leases is None else leases[i],
             "now": past,
         }
         for i in range(n)
     ]
     with store.session() as s:
+        s.execute(text("DELETE FROM assignments"))
         s.execute(
             text(
                 "INSERT INTO assignments (board, task_id, run_id, ordinal, state, attempt, fence,"
                 " lease_until, payload, payload_digest, created_at, updated_at, failures,"
-                " next_attempt_at, quarantined) VALUES (:board, :task_id, 1, :ordinal, 'running', 1,"
+                " next_attempt_at, quarantined) VALUES ('b', :task_id, 1, :ordinal, 'running', 1,"
                 " :fence, :lease, '{}', 'x', :now, :now, 0, 0, false)"
             ),
             rows,
         )
-        if poisoned:
-            s.execute(text(POISON_TRIGGER))
+        for sql in POISON["sqlite"] if poisoned else []:
+            s.execute(text(sql))
     return settings, store
 
 
-def healthy_left(store: PoolStore) -> int:
+def running_left(store: PoolStore) -> int:
     with store.session(readonly=True) as s:
-        return int(
-            s.scalar(
-                text(
-                    "SELECT count(*) FROM assignments WHERE state = 'running' AND task_id NOT LIKE 'poison%'"
-                )
-            )
-            or 0
-        )
+        sql = "SELECT count(*) FROM assignments WHERE state = 'running' AND task_id NOT LIKE 'poison%'"
+        return int(s.scalar(text(sql)) or 0)
 
 
-def timed_until_done(store: PoolStore, tick: Callable[[], Any], timeout: float = 600) -> float:
-    """Run ``tick`` every TICK seconds (as beat would) until no healthy row is left running."""
+def run_raw(url: str, n: int) -> float:
+    """(b): the monolithic pass on the DB-API, with the store's durability settings."""
+    storm(url, n, "")[1].engine.dispose()
+    if url.startswith("sqlite"):
+        conn: Any = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        for pragma in ("journal_mode=WAL", "synchronous=FULL", "busy_timeout=5000"):
+            conn.execute(f"PRAGMA {pragma}")
+        begin, p = "BEGIN IMMEDIATE", "?"
+    else:
+        import psycopg
+
+        conn = psycopg.connect(url.replace("+psycopg", ""), autocommit=True)
+        begin, p = "BEGIN", "%s"
+    start = time.perf_counter()
+    cur = conn.cursor()
+    cur.execute(begin)
+    now = time.time()
+    cur.execute(RAW_DUE.format(p=p), (now, now))
+    for (row_id,) in cur.fetchall():
+        cur.execute(RAW_EXPIRE.format(p=p), (3, 3, now, row_id, now))
+    cur.execute("COMMIT")
+    seconds = time.perf_counter() - start
+    conn.close()
+    return n / seconds
+
+
+def run_store_monolithic(url: str, n: int) -> float:
+    """(b'): the same pass through the store's own functions, one row at a time."""
+    settings, store = storm(url, n, "")
+    start = time.perf_counter()
+    with store.session() as s:
+        for row_id in queries.due_expired(s, now=time.time(), limit=n):
+            transitions.expire(s, row_id, max_attempts=settings.max_attempts, now=time.time())
+    seconds = time.perf_counter() - start
+    assert running_left(store) == 0
+    store.engine.dispose()
+    return n / seconds
+
+
+def until_clear(store: PoolStore, tick: Callable[[], Any], every: float, timeout: float = 900) -> float:
+    """Run ``tick`` every ``every`` seconds (as beat would) until no healthy row is left running."""
     start = last_tick = time.perf_counter()
     tick()
-    while healthy_left(store):
+    while running_left(store):
         now = time.perf_counter()
         if now - start > timeout:
             raise AssertionError(f"the storm did not clear in {timeout}s")
-        if now - last_tick >= TICK:
+        if now - last_tick >= every:
             tick()
             last_tick = now
         time.sleep(0.02)
     return time.perf_counter() - start
 
 
-def run_plane(workdir: Path, n: int, redis: RedisServer, poisoned: int = 0, concurrency: int = 2) -> float:
-    redis.client().flushall()
-    settings, store = storm(workdir, n, redis.url, poisoned)
-    worker = CeleryProc("worker", settings.env(), workdir, "plane", concurrency=concurrency).wait_ready()
-    try:
-        plane = Plane(settings, store, None, RedisCoordination(redis.client(), settings))  # type: ignore[arg-type]
-        app = make_app(settings)
+class PlaneRun:
+    """A real Celery worker over one storm, ticked like beat ticks the expire scanner."""
 
+    def __init__(self, workdir: Path, settings: Settings, store: PoolStore, redis: RedisServer, procs: int):
+        self.settings, self.store = settings, store
+        name = f"w{uuid.uuid4().hex[:6]}"
+        self.worker = CeleryProc("worker", settings.env(), workdir, name, concurrency=procs).wait_ready()
+        self.plane = Plane(settings, store, None, RedisCoordination(redis.client(), settings))  # type: ignore[arg-type]
+        self.app = make_app(settings)
+
+    def tick(self) -> None:
         def enqueue(pass_name: str, keys: list[Any]) -> None:
-            app.send_task("poolkeeper.process", (pass_name, keys), queue="maintenance")
+            self.app.send_task(PROCESS_TASK, (pass_name, keys), queue=QUEUE)
 
-        def tick() -> None:  # what beat's scanner does each tick
-            scan.scan(plane, "expire", time.time(), enqueue)
+        scan.scan(self.plane, "expire", time.time(), enqueue)
 
-        seconds = timed_until_done(store, tick)
-    finally:
-        worker.stop()
-    return (n - poisoned) / seconds
+    def clear(self) -> float:
+        return until_clear(self.store, self.tick, self.settings.tick_seconds)
+
+    def rss_mb(self) -> float:
+        """The largest resident set among the worker's processes."""
+        sizes = []
+        for pid in [self.worker.proc.pid, *self.worker.children()]:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    sizes.append(int(line.split()[1]) / 1024)
+        return max(sizes)
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self.store.engine.dispose()
 
 
-def run_monolithic(workdir: Path, n: int) -> float:
-    settings, store = storm(workdir, n, "")
-    start = time.perf_counter()
-    with store.session() as s:
-        for row_id in queries.due_expired(s, now=time.time(), limit=n):
-            transitions.expire(s, row_id, max_attempts=settings.max_attempts, now=time.time())
-    seconds = time.perf_counter() - start
-    assert healthy_left(store) == 0
-    return n / seconds
-
-
-def run_naive(workdir: Path, n: int, redis: RedisServer) -> float:
+def plane_rate(workdir: Path, url: str, n: int, redis: RedisServer, procs: int = 2, **over: Any) -> float:
     redis.client().flushall()
-    settings, store = storm(workdir, n, redis.url)
+    poisoned = int(over.pop("poisoned", 0))
+    tuned = {"tick_seconds": FAST_TICK, "scan_limit": 5000, "backoff_base_seconds": 60}
+    settings, store = storm(url, n, redis.url, poisoned=poisoned, **{**tuned, **over})
+    run = PlaneRun(workdir, settings, store, redis, procs)
+    try:
+        return (n - poisoned) / run.clear()
+    finally:
+        run.stop()
+
+
+def run_naive(workdir: Path, url: str, n: int, redis: RedisServer) -> float:
+    redis.client().flushall()
+    settings, store = storm(url, n, redis.url)
     worker = CeleryProc("worker", settings.env(), workdir, "naive", app="bench.naive_plane").wait_ready()
     try:
         app = make_app(settings)
@@ -151,49 +212,140 @@ def run_naive(workdir: Path, n: int, redis: RedisServer) -> float:
             due = queries.due_expired(s, now=time.time(), limit=n)
         start = time.perf_counter()
         for row_id in due:
-            app.send_task("naive.expire", (row_id,), queue="maintenance")
-        wait_for("the naive plane", lambda: healthy_left(store) == 0, 900, every=0.1)
+            app.send_task("naive.expire", (row_id,), queue=QUEUE)
+        wait_for("the naive plane", lambda: running_left(store) == 0, 900, every=0.1)
         seconds = time.perf_counter() - start
     finally:
         worker.stop()
     return n / seconds
 
 
+def at_defaults(workdir: Path, url: str, n: int, redis: RedisServer) -> tuple[float, float, float]:
+    """A storm at default settings: (rows/s, seconds to clear, worker RSS in MB afterwards)."""
+    redis.client().flushall()
+    settings, store = storm(url, n, redis.url)
+    run = PlaneRun(workdir, settings, store, redis, 2)
+    try:
+        seconds = run.clear()
+        return n / seconds, seconds, run.rss_mb()
+    finally:
+        run.stop()
+
+
+def steady_p99(workdir: Path, url: str, n: int, redis: RedisServer) -> tuple[float, float]:
+    """Leases ending one by one over a few ticks at default settings: p99 of lease end → re-offer."""
+    redis.client().flushall()
+    base = Settings()
+    start = time.time()
+    leases = sorted(start + random.uniform(1, 3 * base.tick_seconds) for _ in range(n))
+    settings, store = storm(url, n, redis.url, leases=leases)
+    run = PlaneRun(workdir, settings, store, redis, 2)
+    try:
+        run.clear()
+    finally:
+        run.stop()
+    with store.session(readonly=True) as s:
+        delays = sorted(float(d) for d in s.scalars(text("SELECT updated_at - lease_until FROM assignments")))
+    return delays[int(0.99 * (len(delays) - 1))], base.tick_seconds
+
+
+def postgres_url() -> str | None:
+    try:
+        admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+        name = f"poolkeeper_storm_{uuid.uuid4().hex[:8]}"
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {name}"))
+        admin.dispose()
+    except Exception:
+        return None
+    return PG_URL.rsplit("/", 1)[0] + "/" + name
+
+
+def drop_database(url: str) -> None:
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]} WITH (FORCE)"))
+    admin.dispose()
+
+
+Fresh = Callable[[str], tuple[Path, str]]  # name -> (a new folder, a SQLite URL in it)
+
+
+def compare(n: int, rounds: int, naive_rows: int, redis: RedisServer, fresh: Fresh) -> None:
+    best: dict[str, float] = {}
+    for _ in range(rounds):  # interleaved rounds, best of each: less noise
+        runs: dict[str, Callable[[], float]] = {
+            "b": lambda: run_raw(fresh("b")[1], n),
+            "b'": lambda: run_store_monolithic(fresh("b2")[1], n),
+            "a": lambda: plane_rate(*fresh("a"), n, redis),
+            "a'": lambda: plane_rate(*fresh("p"), n, redis, poisoned=n // 100),
+        }
+        for name, fn in runs.items():
+            best[name] = max(best.get(name, 0.0), fn())
+    best["c"] = run_naive(*fresh("c"), naive_rows, redis)
+    b, b2, a, a2, c = (best[k] for k in ("b", "b'", "a", "a'", "c"))
+    print(f"storm of {n} expired leases, SQLite, 2 worker processes, best of {rounds} rounds")
+    print(f"(b)  monolithic on the DB-API, no isolation        {b:9.0f} rows/s")
+    print(f"(b') monolithic through the store's functions      {b2:9.0f} rows/s   (b')/(b) = {b2 / b:.2f}")
+    print(f"(a)  plane: per-row lock and outcome, set batches  {a:9.0f} rows/s   (a)/(b) = {a / b:.2f}")
+    tax = max(0.0, 1 - a2 / a)
+    print(f"(a') plane, 1% poisoned rows (healthy rows/s)      {a2:9.0f} rows/s   tax = {tax:.1%}")
+    print(f"(c)  naive: message + lock + connection per row    {c:9.0f} rows/s   (c)/(b) = {c / b:.2f}")
+    print("targets: (a)/(b) >= 0.5, poison tax < 5%")
+
+
+def defaults(big: int, redis: RedisServer, fresh: Fresh) -> None:
+    base = Settings()
+    small = at_defaults(*fresh("d1k"), 1_000, redis)
+    rate, seconds, rss = at_defaults(*fresh("dbig"), big, redis)
+    p99, tick = steady_p99(*fresh("steady"), 2_000, redis)
+    print(f"\nat default settings (tick {base.tick_seconds:g}s, scan limit {base.scan_limit},"
+          f" store batch {base.store_batch_size}):")
+    print(f"  {big} expired leases: {rate:9.0f} rows/s, cleared in {seconds:.1f}s")
+    print(f"  worker RSS after {big}: {rss:.1f} MB; after 1,000: {small[2]:.1f} MB;"
+          f" difference {rss - small[2]:+.1f} MB (target within 20 MB)")
+    print(f"  steady state, lease end -> re-offer, p99: {p99:.2f}s (target <= tick + 1s = {tick + 1:g}s)")
+
+
+def postgres(n: int, redis: RedisServer, fresh: Fresh) -> None:
+    pg = postgres_url()
+    if pg is None:
+        print("\nPostgreSQL: not reachable, skipped")
+        return
+    try:
+        raw = run_raw(pg, n)
+        print(f"\nPostgreSQL, storm of {n}: (b) monolithic on the DB-API {raw:9.0f} rows/s")
+        for procs in (1, 2, 4):
+            rate = plane_rate(fresh("pg")[0], pg, n, redis, procs=procs)
+            print(f"  plane, {procs} worker process(es)  {rate:9.0f} rows/s   (a)/(b) = {rate / raw:.2f}")
+    finally:
+        drop_database(pg)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--big", type=int, default=100_000, help="rows of the default-settings storm")
     parser.add_argument("--naive-rows", type=int, default=2_000, help="the naive plane is slow; a sample")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="skip the default-settings and PostgreSQL runs")
     args = parser.parse_args()
-    n = args.rows
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         redis = RedisServer(root).start()
+
+        def fresh(name: str) -> tuple[Path, str]:
+            d = root / f"{name}-{uuid.uuid4().hex[:6]}"
+            d.mkdir()
+            return d, f"sqlite:///{d}/pool.db"
+
         try:
-            b = a = p = 0.0
-            for round_ in range(args.rounds):  # interleaved rounds, best of each: less noise
-                fresh = root / f"round{round_}"
-                dirs = {name: fresh / name for name in ("a", "b", "p")}
-                for d in dirs.values():
-                    d.mkdir(parents=True)
-                b = max(b, run_monolithic(dirs["b"], n))
-                a = max(a, run_plane(dirs["a"], n, redis))
-                p = max(p, run_plane(dirs["p"], n, redis, poisoned=n // 100))
-            (root / "c").mkdir()
-            c = run_naive(root / "c", args.naive_rows, redis)
+            compare(args.rows, args.rounds, args.naive_rows, redis, fresh)
+            if not args.quick:
+                defaults(args.big, redis, fresh)
+                postgres(args.rows, redis, fresh)
         finally:
             redis.stop()
-    print(
-        f"storm of {n} expired leases (naive plane: {args.naive_rows}), SQLite store, 2 worker processes,"
-        f" best of {args.rounds} interleaved rounds"
-    )
-    print(f"(b) monolithic, one transaction, no isolation  {b:8.0f} rows/s")
-    print(f"(a) plane: per-row lock + savepoint, batches   {a:8.0f} rows/s   ratio (a)/(b) = {a / b:.2f}")
-    print(f"(c) naive: message+lock+connection per row      {c:8.0f} rows/s   ratio (c)/(b) = {c / b:.2f}")
-    print(
-        f"(a') plane with 1% poisoned rows (healthy rows) {p:8.0f} rows/s   cost to healthy = "
-        f"{max(0.0, 1 - p / a):.1%}"
-    )
 
 
 if __name__ == "__main__":

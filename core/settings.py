@@ -54,8 +54,12 @@ class Settings:
     gc_seconds: float = 3600.0
     # POOL_SCAN_LIMIT: due rows one scanner tick enqueues at most.
     scan_limit: int = 2000
-    # POOL_BATCH_SIZE: row keys per message (each row keeps its own lock and transaction).
+    # POOL_BATCH_SIZE: keys per message for passes that talk to the board (each key
+    # keeps its own lock and transactions).
     batch_size: int = 50
+    # POOL_STORE_BATCH_SIZE: row keys per message for store-only passes (expire): one
+    # set-based statement per batch, split only where it fails; each row keeps its lock.
+    store_batch_size: int = 1000
     # POOL_GC_BATCH: rows deleted per GC transaction.
     gc_batch: int = 500
     # POOL_TASK_TIME_LIMIT: hard Celery time limit per message; the soft limit is 80% of it.
@@ -91,6 +95,7 @@ class Settings:
         _check(self.gc_seconds, "POOL_GC_SECONDS", lambda v: v > 0, "> 0")
         _check(self.scan_limit, "POOL_SCAN_LIMIT", lambda v: v >= 1, ">= 1")
         _check(self.batch_size, "POOL_BATCH_SIZE", lambda v: 1 <= v <= 1000, "between 1 and 1000")
+        _check(self.store_batch_size, "POOL_STORE_BATCH_SIZE", lambda v: 1 <= v <= 5000, "between 1 and 5000")
         _check(self.gc_batch, "POOL_GC_BATCH", lambda v: v >= 1, ">= 1")
         _check(self.task_time_limit, "POOL_TASK_TIME_LIMIT", lambda v: v >= 1, ">= 1")
         longest_countdown = max(self.backoff_max_seconds, self.quarantine_retry_seconds)

@@ -8,6 +8,7 @@ nothing is ever written blind after a read (docs/design.md, "Transitions").
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple, cast
 
 from sqlalchemy import Connection, Table, bindparam, case, delete, exc, select
@@ -80,14 +81,14 @@ class Expiry(NamedTuple):
 
 
 def _expire_statement() -> Any:
-    """Built once: the hottest transition in a storm should not rebuild its SQL per row."""
+    """Built once: the hottest transition in a storm should not rebuild its SQL per batch."""
     table = cast(Table, A.__table__)
     t = table.c
     reoffer = t.attempt < bindparam("max_attempts")
     return (
         table.update()
         .where(
-            t.id == bindparam("row_id"),
+            t.id.in_(bindparam("row_ids", expanding=True)),
             t.state == RowState.RUNNING.value,
             t.lease_until > 0,
             t.lease_until < bindparam("now"),
@@ -98,25 +99,38 @@ def _expire_statement() -> Any:
             updated_at=bindparam("now"),
             **CLEAR_BOOKKEEPING,
         )
-        .returning(t.state, t.lease_until)
+        .returning(t.id, t.state, t.lease_until)
     )
 
 
 _EXPIRE = _expire_statement()
+_STATE = {state.value: state for state in RowState}  # a dict lookup per row, not an enum call
+
+
+def expire_many(
+    s: Session | Connection, row_ids: Sequence[int], *, max_attempts: int, now: float
+) -> dict[int, Expiry]:
+    """Fence out the ``running`` rows among ``row_ids`` whose lease ended: one guarded UPDATE.
+
+    Each row is re-offered (``assigned``, attempt + 1) or, at the last attempt,
+    ``lease_failed``. The statement matches a row only while it is ``running``
+    with an ended lease, so a duplicate message or a race with a fresh offer
+    finds nothing: a row missing from the answer lost its race. The statement
+    is atomic: if any row makes it fail, no row of the set changed (the runner
+    then splits the set to find the row). The old lease stays on the row (an
+    ``assigned`` row ignores it) for the metrics.
+    """
+    conn = s.connection() if isinstance(s, Session) else s
+    got = conn.execute(_EXPIRE, {"row_ids": list(row_ids), "max_attempts": max_attempts, "now": now})
+    return {row_id: Expiry(_STATE[state], lease_until) for row_id, state, lease_until in got}
 
 
 def expire(s: Session | Connection, row_id: int, *, max_attempts: int, now: float) -> Expiry:
-    """Fence out a ``running`` row whose lease ended: re-offer it, or ``lease_failed`` at the end.
-
-    One guarded UPDATE: it matches only while the row is ``running`` with an
-    ended lease, so a duplicate message or a race with a fresh offer finds nothing.
-    The old lease stays on the row (an ``assigned`` row ignores it) for the metrics.
-    """
-    conn = s.connection() if isinstance(s, Session) else s
-    got = conn.execute(_EXPIRE, {"row_id": row_id, "max_attempts": max_attempts, "now": now}).first()
-    if got is None:
+    """``expire_many`` of one row; ``LostRace`` if it was not running with an ended lease."""
+    got = expire_many(s, [row_id], max_attempts=max_attempts, now=now)
+    if row_id not in got:
         raise LostRace(f"expire: row {row_id} is not running with an ended lease")
-    return Expiry(RowState(got.state), float(got.lease_until))
+    return got[row_id]
 
 
 def settle(

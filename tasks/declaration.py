@@ -10,8 +10,9 @@ A pass is two halves:
   that hands due keys to ``submit``; a scanner may also feed another pass
   (reconcile hands orphaned runs to materialize);
 - the per-key work, exactly one of: ``run_in`` (store-only: a batch of keys
-  shares one transaction, a savepoint each) or ``run`` (talks to the board:
-  each key in its own short transactions, none held across a board call).
+  in one transaction and one set-based statement, split where it fails) or
+  ``run`` (talks to the board: each key in its own short transactions, none
+  held across a board call).
 
 ``lock`` says which Redis lock a key takes: the row's own (``ROW``: every
 pass on one row excludes the others) or the pass's (``OWN``: claims, GC).
@@ -36,7 +37,8 @@ Key = Any  # a row id, a claim dict or "all": whatever the pass's scanner submit
 Submit = Callable[[str, Sequence[Key]], list[Key]]
 Finder = Callable[["Plane", float, Submit], int]
 KeyWork = Callable[["Plane", Key, float], "Outcome"]
-ConnectionWork = Callable[[Connection, "Plane", Key, float], "Outcome"]
+# (connection, plane, the batch's keys, now) -> each key's outcome; a key left out lost its race
+ConnectionWork = Callable[[Connection, "Plane", list[Key], float], dict[Key, "Outcome"]]
 
 
 class Lock(StrEnum):
@@ -97,16 +99,19 @@ class Pass:
         return f"row:{self.key_name(key)}" if self.lock is Lock.ROW else f"{self.name}:{self.key_name(key)}"
 
 
-MAX_PAGES = 10
+# A scanner pages on while it finds full pages, up to this many pages a tick: a storm
+# drains as fast as the workers go, while one tick's work stays bounded.
+MAX_PAGES = 100
 
 DueQuery = Callable[..., list[int]]  # (session, *, now, limit, offset) -> row ids
 
 
 def due_rows(pass_name: str, due: DueQuery) -> Finder:
-    """A scanner over one indexed due-rows query, paging past rows already pending.
+    """A scanner over one indexed due-rows query, paging on while pages come back full.
 
-    A backlog at the head of the index never hides the due rows behind it;
-    paging is bounded (``MAX_PAGES``) and stops once a tick enqueued its limit.
+    Rows already pending are skipped (their markers are set), so a backlog at
+    the head of the index never hides the due rows behind it and no key is
+    enqueued twice; paging is bounded by ``MAX_PAGES``.
     """
 
     def find(plane: Plane, now: float, submit: Submit) -> int:
@@ -116,7 +121,7 @@ def due_rows(pass_name: str, due: DueQuery) -> Finder:
             with plane.store.session(readonly=True) as s:
                 keys = due(s, now=now, limit=limit, offset=page * limit)
             enqueued += len(submit(pass_name, keys))
-            if len(keys) < limit or enqueued >= limit:
+            if len(keys) < limit:
                 break
         return enqueued
 

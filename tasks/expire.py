@@ -9,9 +9,9 @@ attempt it becomes ``lease_failed`` and its ordinal is released.
 Evidence: the store's own lease; the update is conditional on the row still
 running with an ended lease, so a duplicate message or a late heartbeat can
 never apply twice.
-Store-only: a batch of rows shares one transaction with a savepoint per row
-(``tasks.runner``); it runs a prebuilt Core statement on the batch's connection.
-Returns: ``reoffered`` or ``lease_failed`` (``LostRace`` if the row moved on).
+Store-only: a batch of rows is one prebuilt set-based UPDATE on the batch's
+connection (``tasks.runner`` splits it where it fails).
+Returns: ``reoffered`` or ``lease_failed`` per row (``lost_race`` if it moved on).
 """
 
 from __future__ import annotations
@@ -25,10 +25,14 @@ from tasks.declaration import Lock, Outcome, Pass, due_rows
 from tasks.plane import Plane
 
 
-def run_in(conn: Connection, plane: Plane, row_id: int, now: float) -> Outcome:
-    expiry = transitions.expire(conn, row_id, max_attempts=plane.settings.max_attempts, now=now)
-    metrics.EXPIRY_TO_REOFFER.observe(max(0.0, now - expiry.lease_until))
-    return Outcome.REOFFERED if expiry.state is RowState.ASSIGNED else Outcome.LEASE_FAILED
+def run_in(conn: Connection, plane: Plane, row_ids: list[int], now: float) -> dict[int, Outcome]:
+    got = transitions.expire_many(conn, row_ids, max_attempts=plane.settings.max_attempts, now=now)
+    observe = metrics.EXPIRY_TO_REOFFER.observe
+    outcomes = {}
+    for row_id, (state, lease_until) in got.items():
+        observe(max(0.0, now - lease_until))
+        outcomes[row_id] = Outcome.REOFFERED if state is RowState.ASSIGNED else Outcome.LEASE_FAILED
+    return outcomes
 
 
 PASS = Pass(

@@ -74,6 +74,10 @@ class Reporter:
     def succeeded(self, pass_name: str, key: str) -> None:
         self._seen.pop((pass_name, key), None)
 
+    def has(self, pass_name: str) -> bool:
+        """Whether any key of the pass has a report on record (bounded scan of a small map)."""
+        return any(name == pass_name for name, _ in self._seen)
+
 
 reporter = Reporter()
 

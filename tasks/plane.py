@@ -27,7 +27,30 @@ from core.settings import Settings
 from store import PoolStore
 
 PREFIX = "poolkeeper"
-_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+# A whole batch's locks in one round trip and one command: one token per batch, the
+# indexes (1-based) of the keys it won come back. Released only where the token still holds.
+_LOCK = """
+local won = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('set', key, ARGV[1], 'NX', 'PX', ARGV[2]) then won[#won + 1] = i end
+end
+return won
+"""
+_UNLOCK = """
+local n = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('get', key) == ARGV[1] then n = n + redis.call('del', key) end
+end
+return n
+"""
+# Pending markers likewise: set where absent, the indexes of the fresh ones come back.
+_MARK = """
+local fresh = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('set', key, '1', 'NX', 'EX', ARGV[1]) then fresh[#fresh + 1] = i end
+end
+return fresh
+"""
 
 
 class Coordination(Protocol):
@@ -51,7 +74,8 @@ class Coordination(Protocol):
 class RedisCoordination:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.r = client
-        self._release = client.register_script(_RELEASE)  # EVALSHA: the script is sent once
+        # EVALSHA: each script is sent once, then named by its digest
+        self._lock, self._unlock, self._mark = (client.register_script(s) for s in (_LOCK, _UNLOCK, _MARK))
         self.lock_ms = int(settings.lock_ttl_seconds * 1000)
         # A marker outlives any message it stands for: a lost message is redelivered
         # within the visibility timeout, so it never needs a second one.
@@ -59,28 +83,29 @@ class RedisCoordination:
         self.reserve_s = int(2 * settings.task_time_limit + settings.tick_seconds)
 
     def lock_many(self, keys: list[str]) -> list[str | None]:
-        tokens = [uuid.uuid4().hex for _ in keys]
-        with _redis_errors(), self.r.pipeline(transaction=False) as pipe:
-            for key, token in zip(keys, tokens, strict=True):
-                pipe.set(f"{PREFIX}:lock:{key}", token, nx=True, px=self.lock_ms)
-            won = pipe.execute()
-        return [token if ok else None for token, ok in zip(tokens, won, strict=True)]
+        if not keys:
+            return []
+        token = uuid.uuid4().hex
+        with _redis_errors():
+            won = set(self._lock(keys=[f"{PREFIX}:lock:{k}" for k in keys], args=[token, self.lock_ms]))
+        return [token if i in won else None for i in range(1, len(keys) + 1)]
 
     def unlock_many(self, held: dict[str, str]) -> None:
-        if not held:
-            return
-        with _redis_errors(), self.r.pipeline(transaction=False) as pipe:
-            for key, token in held.items():
-                self._release(keys=[f"{PREFIX}:lock:{key}"], args=[token], client=pipe)
-            pipe.execute()
+        by_token: dict[str, list[str]] = {}
+        for key, token in held.items():
+            by_token.setdefault(token, []).append(f"{PREFIX}:lock:{key}")
+        with _redis_errors():
+            for token, names in by_token.items():
+                self._unlock(keys=names, args=[token])
 
     def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]:
         keys = list(keys)
-        with _redis_errors(), self.r.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.set(f"{PREFIX}:pending:{pass_name}:{key}", "1", nx=True, ex=self.pending_s)
-            won = pipe.execute()
-        return [key for key, ok in zip(keys, won, strict=True) if ok]
+        if not keys:
+            return []
+        names = [f"{PREFIX}:pending:{pass_name}:{k}" for k in keys]
+        with _redis_errors():
+            fresh = self._mark(keys=names, args=[self.pending_s])
+        return [keys[i - 1] for i in fresh]
 
     def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None:
         names = [f"{PREFIX}:pending:{pass_name}:{key}" for key in keys]

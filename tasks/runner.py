@@ -4,9 +4,11 @@ Failures go through ``tasks.failures`` (one path for every pass). A transient
 failure comes back to the caller, which retries that key with backoff; any
 other failure is this key's alone and the next key goes on regardless.
 
-Store-only passes share one transaction per batch with a savepoint per key
-(one commit instead of one per row); if that commit fails, every key of the
-batch comes back as transient and is retried alone.
+Store-only passes take a whole batch in one transaction with one set-based
+statement (one commit and one statement instead of one per row); where the
+statement fails it is split in halves down to the failing keys, so a poisoned
+row never fails or delays its neighbours. If the commit fails, every key of
+the batch comes back as transient and is retried alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import logging
 from collections import Counter
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
+
+from sqlalchemy import Connection
 
 from core.errors import ProtocolError, TransientError
 from tasks import failures, metrics, registry
@@ -40,14 +44,23 @@ class BatchResult:
         return Counter(outcome for _, outcome in self.done)
 
     def finish(self, key: Key, outcome: Outcome) -> None:
-        metrics.PASS_OUTCOMES.labels(self.p.name, outcome.value).inc()
-        name = self.p.key_name(key)
-        if outcome not in QUIET:
-            level = logging.DEBUG if outcome in ROUTINE else logging.INFO
-            log.log(level, "%s %s: %s", self.p.name, name, outcome)
-        if outcome not in (Outcome.FAILED, Outcome.QUARANTINED, Outcome.DEFERRED, Outcome.RETRY_LATER):
-            failures.reporter.succeeded(self.p.name, name)
         self.done.append((key, outcome))
+
+    def report(self) -> None:
+        """Metrics by outcome (one update per outcome, not per key), unusual keys logged by name."""
+        counts = self.outcomes
+        for outcome, n in counts.items():
+            metrics.PASS_OUTCOMES.labels(self.p.name, outcome.value).inc(n)
+        debug = log.isEnabledFor(logging.DEBUG)
+        if not debug and not set(counts) - QUIET - ROUTINE and not failures.reporter.has(self.p.name):
+            return  # the everyday case of a storm: nothing to name, nothing to forget
+        for key, outcome in self.done:
+            name = self.p.key_name(key)
+            if outcome not in QUIET and (debug or outcome not in ROUTINE):
+                level = logging.DEBUG if outcome in ROUTINE else logging.INFO
+                log.log(level, "%s %s: %s", self.p.name, name, outcome)
+            if outcome not in UNSETTLED:
+                failures.reporter.succeeded(self.p.name, name)
 
     def summary(self) -> str:
         """``"reoffered=198 lock_busy=2"``, or empty when nothing happened worth a line."""
@@ -58,6 +71,10 @@ class BatchResult:
         if self.transient:
             parts.append(f"transient={len(self.transient)}")
         return " ".join(parts)
+
+
+# Outcomes that leave the key's failure streak open: its report is not forgotten.
+UNSETTLED = frozenset({Outcome.FAILED, Outcome.QUARANTINED, Outcome.DEFERRED, Outcome.RETRY_LATER})
 
 
 def run_key(plane: Plane, pass_name: str, key: Key, now: float) -> Outcome:
@@ -94,6 +111,7 @@ def run_batch(plane: Plane, pass_name: str, keys: list[Key], now: float, abort: 
     finally:
         with suppress(TransientError):  # the locks expire by themselves
             plane.coord.unlock_many({n: t for n, t in zip(lock_names, tokens, strict=True) if t})
+        result.report()
     return result
 
 
@@ -114,33 +132,58 @@ def _run_alone(plane: Plane, p: Pass, key: Key, now: float, result: BatchResult,
 def _run_in_one_transaction(
     plane: Plane, p: Pass, keys: list[Key], now: float, result: BatchResult, abort: Abort
 ) -> None:
-    assert p.run_in is not None
-    outcomes: list[tuple[Key, Outcome]] = []
+    """The whole batch in one transaction: one set statement, split only where it fails."""
+    done: list[tuple[Key, Outcome]] = []
     failed: list[tuple[Key, BaseException]] = []
     try:
         with plane.store.connection() as conn:
-            # One statement per key. SQLite undoes a failed statement by itself and
-            # keeps the transaction (statement atomicity), which is the savepoint;
-            # other databases get an explicit SAVEPOINT.
-            own_savepoint = conn.dialect.name != "sqlite"
-            for key in keys:
-                try:
-                    with conn.begin_nested() if own_savepoint else nullcontext():
-                        outcomes.append((key, p.run_in(conn, plane, key, now)))
-                except ProtocolError as err:
-                    outcomes.append((key, failures.handle(plane, p, key, err, now)))
-                except TransientError:
-                    raise
-                except abort:
-                    raise
-                except Exception as err:  # rolled back to its savepoint; recorded after the commit
-                    if failures.classify(err) is ErrorClass.TRANSIENT:
-                        raise  # the transaction may be gone: the whole batch is retried
-                    failed.append((key, err))
+            _apply(conn, plane, p, keys, now, abort, done, failed)
     except TransientError as busy:
         result.transient.extend((k, busy) for k in keys)
         return
-    for key, outcome in outcomes:
-        result.finish(key, outcome)
-    for (key, _), outcome in zip(failed, failures.record(plane, p, failed, now, counts=True), strict=True):
-        result.finish(key, outcome)
+    result.done.extend(done)
+    recorded = failures.record(plane, p, failed, now, counts=True)
+    result.done.extend(zip([k for k, _ in failed], recorded, strict=True))
+
+
+def _apply(
+    conn: Connection,
+    plane: Plane,
+    p: Pass,
+    keys: list[Key],
+    now: float,
+    abort: Abort,
+    done: list[tuple[Key, Outcome]],
+    failed: list[tuple[Key, BaseException]],
+) -> None:
+    """Apply the pass to ``keys`` at once; if that fails, to each half, down to the failing keys.
+
+    A failed statement changes nothing: SQLite undoes it by itself (statement
+    atomicity, which serves as the savepoint); other databases get an explicit
+    SAVEPOINT. So the healthy neighbours of a poisoned row still commit, each
+    key's outcome is its own, and the poisoned row is recorded alone.
+    """
+    assert p.run_in is not None
+    if not keys:
+        return
+    try:
+        with conn.begin_nested() if conn.dialect.name != "sqlite" else nullcontext():
+            got = p.run_in(conn, plane, keys, now)
+    except TransientError:
+        raise
+    except abort:
+        raise
+    except Exception as err:
+        if failures.classify(err) is ErrorClass.TRANSIENT:
+            raise  # the transaction may be gone: the whole batch is retried
+        if len(keys) == 1:
+            if isinstance(err, ProtocolError):
+                done.append((keys[0], failures.handle(plane, p, keys[0], err, now)))
+            else:
+                failed.append((keys[0], err))  # recorded on its row after the commit
+            return
+        half = len(keys) // 2
+        _apply(conn, plane, p, keys[:half], now, abort, done, failed)
+        _apply(conn, plane, p, keys[half:], now, abort, done, failed)
+        return
+    done.extend((k, got.get(k, Outcome.LOST_RACE)) for k in keys)

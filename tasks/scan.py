@@ -2,8 +2,9 @@
 
 A key is enqueued only if its pending marker could be set, so the queue holds
 at most one message per (pass, key) however often the scanners (or two beats)
-run and however slow the workers are. Keys travel in batches of
-``batch_size``; each one still gets its own lock and transactions.
+run and however slow the workers are. Keys travel in batches
+(``store_batch_size`` for store-only passes, ``batch_size`` for the others);
+each one still gets its own lock and its own outcome.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def submitter(plane: Plane, enqueue: Enqueue) -> Submit:
         p = registry.get(pass_name)
         by_name = {p.key_name(k): k for k in keys}
         fresh = [by_name[n] for n in plane.coord.mark_pending(pass_name, by_name)]
-        size = plane.settings.batch_size
+        size = plane.settings.store_batch_size if p.store_only else plane.settings.batch_size
         for start in range(0, len(fresh), size):
             try:
                 enqueue(pass_name, fresh[start : start + size])

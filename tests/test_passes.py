@@ -364,3 +364,44 @@ def test_reporter_logs_each_distinct_detail_once_with_bounded_memory(
         rep.once("expire", key, "x")
     assert [r.getMessage() for r in caplog.records][:3] == ["expire 1: a", "expire 1: b", "expire 1: a"]
     assert len(rep._seen) == 2
+
+
+# --- store-only batches ------------------------------------------------------------
+
+POISON_SQL = {
+    "sqlite": [
+        "CREATE TRIGGER poison BEFORE UPDATE OF state ON assignments WHEN OLD.task_id LIKE 'poison%'"
+        " BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
+    ],
+    "postgresql": [
+        "CREATE OR REPLACE FUNCTION poison() RETURNS trigger AS $$ BEGIN"
+        " IF OLD.task_id LIKE 'poison%' THEN RAISE EXCEPTION 'poisoned row'; END IF;"
+        " RETURN NEW; END $$ LANGUAGE plpgsql",
+        "CREATE TRIGGER poison BEFORE UPDATE OF state ON assignments FOR EACH ROW EXECUTE FUNCTION poison()",
+    ],
+}
+
+
+def test_a_store_only_batch_splits_around_its_poisoned_rows(plane: Plane, make_row: Any) -> None:
+    """One set statement for the batch; where it fails, halves, until the poisoned rows stand alone."""
+    poisoned = {3, 4, 11}
+    names = [f"{'poison' if i in poisoned else 'ok'}{i}" for i in range(16)]
+    rows = [make_row(RowState.RUNNING, ordinal=i, task_id=t, lease_until=1.0) for i, t in enumerate(names)]
+    rows.append(make_row(RowState.ASSIGNED, ordinal=16))  # not running: lost its race
+    with plane.store.session() as s:
+        dialect = s.get_bind().dialect.name
+        for sql in POISON_SQL[dialect]:
+            s.execute(text(sql))
+    try:
+        outcomes = runner.run_batch(plane, "expire", rows, NOW).outcomes
+    finally:
+        with plane.store.session() as s:
+            on_table = "" if dialect == "sqlite" else " ON assignments"
+            s.execute(text(f"DROP TRIGGER IF EXISTS poison{on_table}"))
+    assert outcomes == {"reoffered": 13, "failed": 3, "lost_race": 1}
+    for i, row in enumerate(rows[:16]):
+        got = row_state(plane.store, row)
+        if i in poisoned:
+            assert (got["state"], got["failures"]) == ("running", 1) and "poisoned row" in got["last_error"]
+        else:
+            assert (got["state"], got["attempt"], got["failures"]) == ("assigned", 2, 0)
