@@ -9,13 +9,16 @@ operator sees the error. Any transition of the row clears the record
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
+from sqlalchemy import Connection, Table, bindparam, select
 from sqlalchemy.orm import Session
 
+from core.errors import LostRace, NotFound
 from core.retry import RetryPolicy
 from store.models import Assignment
-from store.rows import get_row, guarded
 
 A = Assignment
 MAX_ERROR_CHARS = 500
@@ -29,8 +32,57 @@ class Failure:
     new_detail: bool  # the error differs from the one already on record: worth a log line
 
 
+def record_failures(
+    s: Session | Connection,
+    errors: Mapping[int, str],
+    *,
+    policy: RetryPolicy,
+    now: float,
+    counts: bool = True,
+    rng: random.Random | None = None,
+) -> dict[int, Failure]:
+    """Note a failed maintenance step on each row: backoff with jitter, quarantine at the threshold.
+
+    ``counts=False`` is for transient trouble (busy board, lost connection): it
+    delays the row without bringing it nearer quarantine. One read of all the
+    rows, then one guarded UPDATE per row (a prebuilt statement, executed as a
+    batch). A row that no longer exists is ``NotFound``; one that changed under
+    us (its state or failure count moved) is a ``LostRace``.
+    """
+    if not errors:
+        return {}
+    conn = s.connection() if isinstance(s, Session) else s
+    t = _TABLE.c
+    read = select(t.id, t.state, t.failures, t.last_error).where(t.id.in_(list(errors)))
+    found = {r.id: r for r in conn.execute(read)}
+    missing = sorted(set(errors) - set(found))
+    if missing:
+        raise NotFound(f"row {missing[0]}: no such row")
+    params, got = [], {}
+    for row_id, error in errors.items():
+        row = found[row_id]
+        error = error[:MAX_ERROR_CHARS]
+        failures = row.failures + 1 if counts else row.failures
+        delay, quarantined = policy.delay(failures, rng)
+        got[row_id] = Failure(failures, quarantined, now + delay, new_detail=row.last_error != error)
+        params.append(
+            {
+                "row_id": row_id,
+                "expect_state": row.state,
+                "expect_failures": row.failures,
+                "to_failures": failures,
+                "to_error": error,
+                "to_next": now + delay,
+                "to_quarantined": quarantined,
+            }
+        )
+    if conn.execute(_RECORD, params).rowcount != len(params):
+        raise LostRace(f"record failure: one of rows {sorted(errors)} changed under us")
+    return got
+
+
 def record_failure(
-    s: Session,
+    s: Session | Connection,
     row_id: int,
     error: str,
     *,
@@ -39,23 +91,22 @@ def record_failure(
     counts: bool = True,
     rng: random.Random | None = None,
 ) -> Failure:
-    """Note a failed maintenance step on one row: backoff with jitter, quarantine at the threshold.
+    """``record_failures`` of one row."""
+    return record_failures(s, {row_id: error}, policy=policy, now=now, counts=counts, rng=rng)[row_id]
 
-    ``counts=False`` is for transient trouble (busy board, lost connection): it
-    delays the row without bringing it nearer quarantine.
-    """
-    row = get_row(s, row_id)
-    error, previous = error[:MAX_ERROR_CHARS], row.last_error  # the UPDATE below refreshes ``row``
-    failures = row.failures + 1 if counts else row.failures
-    delay, quarantined = policy.delay(failures, rng)
-    guarded(
-        s,
-        row_id,
-        "record failure",
-        {A.state: row.state, A.failures: row.failures},
-        failures=failures,
-        last_error=error,
-        next_attempt_at=now + delay,
-        quarantined=quarantined,
+
+_TABLE = cast(Table, A.__table__)
+_RECORD = (
+    _TABLE.update()
+    .where(
+        _TABLE.c.id == bindparam("row_id"),
+        _TABLE.c.state == bindparam("expect_state"),
+        _TABLE.c.failures == bindparam("expect_failures"),
     )
-    return Failure(failures, quarantined, now + delay, new_detail=previous != error)
+    .values(
+        failures=bindparam("to_failures"),
+        last_error=bindparam("to_error"),
+        next_attempt_at=bindparam("to_next"),
+        quarantined=bindparam("to_quarantined"),
+    )
+)

@@ -107,45 +107,32 @@ def give_up(plane: Plane, p: Pass, key: Key, err: BaseException, now: float) -> 
 def record(
     plane: Plane, p: Pass, failed: Sequence[tuple[Key, BaseException]], now: float, *, counts: bool
 ) -> list[Outcome]:
-    """Record each failure on its own row (one transaction for all, a savepoint each).
+    """Record each failure on its own row: one transaction for all, each alone if that fails.
 
     A pass that does not work on rows has nowhere durable to record: its
     scanner finds the key again next tick, and the failure is reported once.
     """
     settled = Outcome.FAILED if counts else Outcome.RETRY_LATER
     level = logging.ERROR if counts else logging.WARNING
+    if not failed:
+        return []
     if p.lock is not Lock.ROW:
         for key, err in failed:
             reporter.once(p.name, p.key_name(key), describe(err), level)
         return [settled] * len(failed)
     policy = RetryPolicy.from_settings(plane.settings)
-    outcomes = []
+    errors = {int(key): describe(err) for key, err in failed}
     try:
-        with plane.store.session() as s:
-            for key, err in failed:
-                detail = describe(err)
-                try:
-                    with s.begin_nested():
-                        f = bookkeeping.record_failure(
-                            s, int(key), detail, policy=policy, now=now, counts=counts
-                        )
-                except Exception as inner:  # this row cannot even take the record: report it
-                    reporter.once(p.name, str(key), f"{detail} (unrecorded: {inner})", logging.ERROR)
-                    outcomes.append(Outcome.FAILED)
-                    continue
-                if f.new_detail:
-                    log.log(
-                        level,
-                        "%s row %s failed (%d in a row%s): %s",
-                        p.name,
-                        key,
-                        f.failures,
-                        ", quarantined" if f.quarantined else "",
-                        detail,
-                    )
-                outcomes.append(Outcome.QUARANTINED if counts and f.quarantined else settled)
-    except Exception as inner:  # the store itself is failing: the scanner finds the rows again
-        for key, err in failed:
-            reporter.once(p.name, str(key), f"{describe(err)} (unrecorded: {inner})", logging.ERROR)
-        return [Outcome.FAILED] * len(failed)
-    return outcomes
+        with plane.store.connection() as conn:
+            got = bookkeeping.record_failures(conn, errors, policy=policy, now=now, counts=counts)
+    except Exception as inner:
+        if len(errors) > 1:  # one row cannot take its record: each on its own, to find it
+            return [o for key, err in failed for o in record(plane, p, [(key, err)], now, counts=counts)]
+        [(key, err)] = failed  # this row cannot take the record (or the store is failing): report it
+        reporter.once(p.name, str(key), f"{describe(err)} (unrecorded: {inner})", logging.ERROR)
+        return [Outcome.FAILED]
+    for row_id, f in got.items():
+        if f.new_detail:
+            streak = f"{f.failures} in a row" + (", quarantined" if f.quarantined else "")
+            log.log(level, "%s row %s failed (%s): %s", p.name, row_id, streak, errors[row_id])
+    return [Outcome.QUARANTINED if counts and got[int(k)].quarantined else settled for k, _ in failed]
