@@ -43,7 +43,7 @@ from tasks.celery import PROCESS_TASK, QUEUE, make_app
 from tasks.plane import Plane, RedisCoordination
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-FAST_TICK = 0.25  # the tuned runs' scanner interval; the default-settings runs use the default
+FAST_TICK = 0.25  # the scanner interval of the (a) runs; the default-settings runs use the default
 POISON = {
     "sqlite": [
         "CREATE TRIGGER poison BEFORE UPDATE OF state ON assignments"
@@ -193,7 +193,7 @@ class PlaneRun:
 def plane_rate(workdir: Path, url: str, n: int, redis: RedisServer, procs: int = 2, **over: Any) -> float:
     redis.client().flushall()
     poisoned = int(over.pop("poisoned", 0))
-    tuned = {"tick_seconds": FAST_TICK, "scan_limit": 5000, "backoff_base_seconds": 60}
+    tuned = {"tick_seconds": FAST_TICK, "backoff_base_seconds": 60}
     settings, store = storm(url, n, redis.url, poisoned=poisoned, **{**tuned, **over})
     run = PlaneRun(workdir, settings, store, redis, procs)
     try:

@@ -284,3 +284,23 @@ def test_row_ids_are_never_reused_after_gc(store: PoolStore, make_row: RowFactor
     with store.session() as s:
         assert transitions.collect_garbage(s, retention_seconds=3600, batch=10, now=NOW) == (1, 0)
     assert make_row(RowState.ASSIGNED) > old
+
+
+def test_expire_is_progress_and_ends_the_failure_streak(
+    store: PoolStore, settings: Settings, make_row: RowFactory
+) -> None:
+    row = make_row(RowState.RUNNING, lease_until=NOW - 1)
+    with store.session() as s:
+        bookkeeping.record_failure(s, row, "boom", policy=RetryPolicy(quarantine_after=1), now=NOW)
+    assert row_state(store, row)["quarantined"]
+    with store.session() as s:
+        assert transitions.expire_many(s, [row, 999], max_attempts=3, now=NOW) == {
+            row: transitions.Expiry(RowState.ASSIGNED, NOW - 1)
+        }
+    got = row_state(store, row)
+    assert (got["failures"], got["last_error"], got["next_attempt_at"], bool(got["quarantined"])) == (
+        0,
+        None,
+        0,
+        False,
+    )
