@@ -23,6 +23,7 @@ from core.errors import DeliveryConflict, LostRace, OrdinalTaken, PoolError, Sta
 from core.settings import Settings
 from store import Offer, PoolStore, queries, rows, transitions
 from store.models import RowState
+from tests.factories import OWNER
 
 settings.register_profile(
     "ci",
@@ -117,7 +118,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(ordinal=st.integers(0, POOL - 1))
     def offer(self, ordinal: int) -> None:
-        got = self.store.offer(ordinal, now=self.now)
+        got = self.store.offer(ordinal, owner=OWNER, now=self.now)
         if got is not None:
             assert got.fence > self.m.last_fence, "fences are monotonic"
             assert self.m.live_on.get(ordinal) == got.row_id
