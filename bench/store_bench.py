@@ -40,7 +40,7 @@ def bench_store(path: str, n: int) -> dict[str, float]:
         store.add_run(board="b", task_id=f"t{i}", run_id=1, ordinal=i, payload={"i": i}, now=T0)
 
     def offer(i: int) -> None:
-        offers[i] = store.offer(i, now=T0)
+        offers[i] = store.offer(i, owner=f"bench-{i}", now=T0)
 
     def heartbeat(i: int) -> None:
         o = offers[i]

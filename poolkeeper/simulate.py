@@ -1,12 +1,14 @@
 """Simulated pool workers for the demo and the tests: one thread per ordinal.
 
-Each takes its ordinal's assignment (``offer``), heartbeats while it works and
-delivers a result, all through the real store API with real envelopes.
-Faults, drawn per assignment:
-- crash: the worker dies right after taking the run; its restarted self polls
-  ``offer`` again and gets the same run back once the lease expired;
+Each takes its ordinal's assignment (``offer``, as a worker instance with its
+own ``owner`` id), heartbeats while it works and delivers a result, all through
+the real store API with real envelopes. Faults, drawn per assignment:
+- crash: the worker dies right after taking the run; its restarted self (a new
+  owner) asks ``offer`` and gets the same run back at once, same attempt, under
+  a new fence;
 - hang: the worker stops heartbeating and, long after its lease, wakes up and
-  delivers anyway; the store must refuse that stale holder.
+  delivers anyway; the lease expires meanwhile and the store must refuse that
+  stale holder. The woken worker then goes on polling.
 """
 
 from __future__ import annotations
@@ -68,9 +70,10 @@ class SimPool:
             return self.rng.random()
 
     def _worker(self, ordinal: int) -> None:
+        owner = instance_id(ordinal)
         while not self._stop.is_set():
             try:
-                offer = self.store.offer(ordinal)
+                offer = self.store.offer(ordinal, owner=owner)
             except PoolError:
                 offer = None  # busy store or a lost race with ourselves: poll again
             if offer is None:
@@ -80,12 +83,12 @@ class SimPool:
             roll = self._roll()
             if roll < self.faults.crash_rate:
                 self._count("crashes")
+                owner = instance_id(ordinal)  # the restarted worker is a new instance
                 continue
             if roll < self.faults.crash_rate + self.faults.hang_rate:
                 self._count("hangs")
-                wake = threading.Timer(self.store.lease_seconds * 1.5, self._deliver, (offer,))
-                wake.daemon = True
-                wake.start()
+                if not self._stop.wait(self.store.lease_seconds * 1.5):
+                    self._deliver(offer)  # long after its lease: refused
                 continue
             self._work(offer)
 
@@ -114,6 +117,11 @@ class SimPool:
             self._count("results")
         except PoolError:
             self._count("refused")
+
+
+def instance_id(ordinal: int) -> str:
+    """A worker instance's ``owner``: new for every (re)start."""
+    return f"sim-{ordinal}-{uuid.uuid4().hex[:12]}"
 
 
 def envelope(offer: Offer, **extra: Any) -> dict[str, Any]:

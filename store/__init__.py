@@ -1,7 +1,7 @@
 """The durable pool store: one row per claimed board run (see ``store.models``).
 
 ``PoolStore`` is the pool worker protocol as a Python API (offer, heartbeat,
-accept_result), each call one short transaction. The maintenance passes use
+accept_result, release), each call one short transaction. The maintenance passes use
 ``store.transitions``, ``store.bookkeeping`` and ``store.queries`` directly
 inside their own session. Nothing here reads the settings: the values a call
 needs are passed in (``PoolStore.from_settings`` unpacks them at the edge).
@@ -22,18 +22,25 @@ from core.settings import Settings
 from store import transitions, worker
 from store.envelope import Envelope
 from store.models import metadata
-from store.worker import Offer
+from store.worker import PROTOCOL_VERSION, Offer
 
-__all__ = ["Envelope", "Offer", "PoolStore"]
+__all__ = ["PROTOCOL_VERSION", "Envelope", "Offer", "PoolStore"]
 
 
 class PoolStore:
     def __init__(
-        self, url: str, *, pool_size: int = 3, lease_seconds: float = 90.0, engine: Engine | None = None
+        self,
+        url: str,
+        *,
+        pool_size: int = 3,
+        lease_seconds: float = 90.0,
+        max_attempts: int = 3,
+        engine: Engine | None = None,
     ) -> None:
         self.url = url
         self.pool_size = pool_size
         self.lease_seconds = lease_seconds
+        self.max_attempts = max_attempts
         self.engine = engine or db.make_engine(url)
 
     @classmethod
@@ -42,6 +49,7 @@ class PoolStore:
             settings.database_url,
             pool_size=settings.pool_size,
             lease_seconds=settings.lease_seconds,
+            max_attempts=settings.max_attempts,
             engine=engine,
         )
 
@@ -61,10 +69,19 @@ class PoolStore:
         with db.transient_errors("pool store"), self.engine.begin() as conn:
             yield conn
 
-    def offer(self, ordinal: int, *, now: float | None = None) -> Offer | None:
+    def offer(self, ordinal: int, *, owner: str, now: float | None = None) -> Offer | None:
+        """Grant the ordinal's run to the worker instance ``owner`` (see ``store.worker.offer``).
+
+        If the store cannot be reached nothing is granted: ``TransientError``.
+        """
         with self.session() as s:
             return worker.offer(
-                s, ordinal, pool_size=self.pool_size, lease_seconds=self.lease_seconds, now=_now(now)
+                s,
+                ordinal,
+                owner=owner,
+                pool_size=self.pool_size,
+                lease_seconds=self.lease_seconds,
+                now=_now(now),
             )
 
     def heartbeat(
@@ -80,6 +97,14 @@ class PoolStore:
         env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=True)
         with self.session() as s:
             return worker.accept_result(s, env, now=_now(now))
+
+    def release(
+        self, envelope: Mapping[str, Any], *, now: float | None = None
+    ) -> Literal["reoffered", "lease_failed", "duplicate"]:
+        """The holder hands its run back; the envelope is a heartbeat's (see ``store.worker.release``)."""
+        env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=False)
+        with self.session() as s:
+            return worker.release(s, env, max_attempts=self.max_attempts, now=_now(now))
 
     def add_run(
         self,

@@ -47,6 +47,8 @@ def _sql_list(states: tuple[RowState, ...] | list[RowState]) -> str:
 LIVE_SQL = f"state IN ({_sql_list(LIVE_STATES)})"
 TERMINAL_SQL = f"state IN ({_sql_list(TERMINAL_STATES)})"
 STATE_CHECK_SQL = f"state IN ({_sql_list(list(RowState))})"
+DELIVERY_KINDS = ("heartbeat", "result", "release")
+DELIVERY_KINDS_SQL = ", ".join(f"'{k}'" for k in DELIVERY_KINDS)
 
 
 class Base(DeclarativeBase):
@@ -73,6 +75,7 @@ class Assignment(Base):
     state: Mapped[str] = mapped_column(String(16))
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     fence: Mapped[int | None] = mapped_column(BigInteger)
+    owner: Mapped[str | None] = mapped_column(String(128))  # the worker instance of the last grant
     lease_until: Mapped[float | None] = mapped_column(Float)
     payload: Mapped[str | None] = mapped_column(Text)
     payload_digest: Mapped[str] = mapped_column(String(64))
@@ -130,7 +133,7 @@ class Assignment(Base):
 
 
 class Delivery(Base):
-    """One accepted heartbeat or result, by delivery id: makes replays idempotent."""
+    """One accepted heartbeat, result or release, by delivery id: makes replays idempotent."""
 
     __tablename__ = "deliveries"
 
@@ -140,7 +143,7 @@ class Delivery(Base):
     digest: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[float] = mapped_column(Float, index=True)
 
-    __table_args__ = (CheckConstraint("kind IN ('heartbeat', 'result')", name="kind"),)
+    __table_args__ = (CheckConstraint(f"kind IN ({DELIVERY_KINDS_SQL})", name="kind"),)
 
 
 class FenceSequence(Base):

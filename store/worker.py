@@ -1,16 +1,18 @@
-"""The pool worker protocol: offer, heartbeat, result (docs/design.md, "Execution authority").
+"""The pool worker protocol: offer, heartbeat, result, release (docs/design.md, "Execution authority").
 
 Each function takes the caller's session (one short transaction), a ``now``
 and the values it needs. Only the holder of the current attempt and fence may
-write; a delivery replayed with the same id and digest is a duplicate, the
-same id with other content a conflict.
+write. Authority is checked before replay: a delivery replayed with the same
+id and digest is a duplicate only for the fence that made it, while that
+fence is still the row's last word; the same id with other content is a
+conflict.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -25,57 +27,101 @@ from store.rows import CLEAR_BOOKKEEPING, guarded
 A = Assignment
 
 
+PROTOCOL_VERSION = 1  # of the grant and envelope shapes; the wire protocol reports it
+
+
 @dataclass(frozen=True)
 class Offer:
-    """An ordinal's assignment, as handed to the worker that holds the ordinal."""
+    """A grant: an ordinal's run, as handed to the worker instance (``owner``) that asked."""
 
     row_id: int
     board: str
     task_id: str
     run_id: int
     ordinal: int
+    owner: str
     attempt: int
     fence: int
     lease_until: float
     payload: dict[str, Any]
     payload_digest: str
+    protocol_version: int = PROTOCOL_VERSION
 
 
-def offer(s: Session, ordinal: int, *, pool_size: int, lease_seconds: float, now: float) -> Offer | None:
-    """Start the lease of the ordinal's ``assigned`` row with a freshly minted fence.
+def offer(
+    s: Session, ordinal: int, *, owner: str, pool_size: int, lease_seconds: float, now: float
+) -> Offer | None:
+    """Grant the ordinal's run to the worker instance ``owner``.
 
-    Nothing to offer (no row, or the row is already running or holds a result)
-    gives ``None``. The row keeps its identity across expiries and worker
-    restarts, so a restarted worker gets the same run back, under a new fence.
+    - ``assigned``: the lease starts under a freshly minted fence.
+    - ``running`` with a live lease, asked by another owner: a restarted worker.
+      It gets the same run back at once, same attempt, under a new fence and a
+      new lease; the old instance is fenced out without burning an attempt.
+    - ``running``, asked again by the owner that holds it: the same grant again
+      (same fence, same lease), nothing written. A worker that lost the answer
+      to its ``offer`` and asks again must not fence itself out, and a second
+      fence for the same instance would only invite two loops to run one grant.
+    - ``running`` with an ended lease: ``None``. That attempt has failed (its
+      heartbeats are already refused); ``expire`` re-offers it at ``attempt+1``
+      or parks it ``lease_failed``, so a worker cannot restart its way past
+      ``max_attempts``.
+    - nothing on the ordinal, or a row holding a result: ``None``.
+
+    Two live instances asking on one ordinal fence each other out in turn
+    (the last to ask holds the run); the ordinal's credential is the
+    authority, so only a misconfigured pool runs two.
+
+    The row is locked first (``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``
+    already serialises writers), and the grant is one guarded UPDATE on the
+    state, attempt and fence just read. A live grant never moves to another
+    ordinal: only the row on ``ordinal`` is ever considered.
     """
     validate.integer("ordinal", ordinal, 0, pool_size - 1)
-    row = s.scalar(select(A).where(A.ordinal == ordinal, A.state == RowState.ASSIGNED.value))
+    validate.name("owner", owner, 128)
+    row = s.scalar(
+        select(A)
+        .where(A.ordinal == ordinal, A.state.in_([RowState.ASSIGNED.value, RowState.RUNNING.value]))
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
     if row is None:
         return None
+    if row.state == RowState.RUNNING.value:
+        assert row.fence is not None and row.lease_until is not None  # CHECK running_has_lease
+        if row.lease_until < now:
+            return None
+        if row.owner == owner:
+            return _grant(row, owner, row.fence, row.lease_until)
     fence = mint_fence(s)
     lease_until = now + lease_seconds
     guarded(
         s,
         row.id,
         "offer",
-        {A.state: RowState.ASSIGNED.value, A.attempt: row.attempt},
+        {A.state: row.state, A.attempt: row.attempt, A.fence: row.fence},
         state=RowState.RUNNING.value,
+        owner=owner,
         fence=fence,
         lease_until=lease_until,
         updated_at=now,
     )
+    return _grant(row, owner, fence, lease_until)
+
+
+def _grant(row: Assignment, owner: str, fence: int, lease_until: float) -> Offer:
     assert row.payload is not None  # a live row always has its payload (CHECK live_has_payload)
     return Offer(
-        row.id,
-        row.board,
-        row.task_id,
-        row.run_id,
-        row.ordinal,
-        row.attempt,
-        fence,
-        lease_until,
-        json.loads(row.payload),
-        row.payload_digest,
+        row_id=row.id,
+        board=row.board,
+        task_id=row.task_id,
+        run_id=row.run_id,
+        ordinal=row.ordinal,
+        owner=owner,
+        attempt=row.attempt,
+        fence=fence,
+        lease_until=lease_until,
+        payload=json.loads(row.payload),
+        payload_digest=row.payload_digest,
     )
 
 
@@ -96,46 +142,142 @@ def heartbeat(
     s: Session, env: Envelope, *, lease_seconds: float, now: float
 ) -> Literal["applied", "duplicate"]:
     """Extend the lease of the exact attempt and fence the envelope names."""
-    if _seen(s, env, "heartbeat"):
+    row, seen = _admit(s, env, "heartbeat", now)
+    if seen:
         return "duplicate"
-    stmt = (
-        update(A)
-        .where(*_holder_matches(env, now))
-        .values(lease_until=now + lease_seconds, updated_at=now)
-    )
-    if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
-        _refuse(s, env, now)
-    _record_delivery(s, env, "heartbeat", now)
+    if row.state != RowState.RUNNING.value:  # the holder of the row's result sends no new heartbeats
+        raise StaleHolder(f"state: stale holder refused: row {row.id} is {row.state}, not running")
+    _apply(s, env, now, lease_until=now + lease_seconds, updated_at=now)
+    _record_delivery(s, row.id, env, "heartbeat", now)
     return "applied"
 
 
 def accept_result(s: Session, env: Envelope, *, now: float) -> Literal["applied", "duplicate"]:
-    """Store the worker's result; the row moves to ``result`` until the board has it."""
+    """Store the worker's result; the row moves to ``result`` until the board has it.
+
+    The holder that delivered the row's result may deliver it again under a new
+    delivery id (a retry after a lost answer): ``duplicate``, recorded; other
+    content is a ``DeliveryConflict``.
+    """
     assert env.result is not None
-    if _seen(s, env, "result"):
+    row, seen = _admit(s, env, "result", now)
+    if seen:
         return "duplicate"
     result_digest = validate.sha256(env.result)
-    row = _row_of(s, env)
-    if row is not None and row.result_digest is not None:
+    if row.result_digest is not None:
         if row.result_digest != result_digest:
-            raise DeliveryConflict(f"row {row.id} already has a different result")
-        _record_delivery(s, env, "result", now)
+            raise DeliveryConflict(f"payload: row {row.id} already has a different result")
+        _record_delivery(s, row.id, env, "result", now)
         return "duplicate"
-    stmt = (
-        update(A)
-        .where(*_holder_matches(env, now))
-        .values(
-            state=RowState.RESULT.value,
-            result=env.result,
-            result_digest=result_digest,
-            updated_at=now,
-            **CLEAR_BOOKKEEPING,
-        )
+    _apply(
+        s,
+        env,
+        now,
+        state=RowState.RESULT.value,
+        result=env.result,
+        result_digest=result_digest,
+        updated_at=now,
+        **CLEAR_BOOKKEEPING,
     )
-    if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
-        _refuse(s, env, now)
-    _record_delivery(s, env, "result", now)
+    _record_delivery(s, row.id, env, "result", now)
     return "applied"
+
+
+def release(
+    s: Session, env: Envelope, *, max_attempts: int, now: float
+) -> Literal["reoffered", "lease_failed", "duplicate"]:
+    """The holder hands its run back: re-offered at once (``attempt+1``), or ``lease_failed`` at the last.
+
+    Only the current holder (running, live lease, same attempt and fence) may
+    release. Its replay stays a ``duplicate`` until the run is granted again
+    under a newer fence; after that the old fence is refused like any other.
+    """
+    row, seen = _admit(s, env, "release", now)
+    if seen:
+        return "duplicate"
+    if row.state != RowState.RUNNING.value:  # a row holding a result is the results pass's now
+        raise StaleHolder(f"state: stale holder refused: row {row.id} is {row.state}, not running")
+    last = row.attempt >= max_attempts
+    _apply(
+        s,
+        env,
+        now,
+        state=RowState.LEASE_FAILED.value if last else RowState.ASSIGNED.value,
+        attempt=row.attempt if last else row.attempt + 1,
+        lease_until=now,
+        updated_at=now,
+        **CLEAR_BOOKKEEPING,
+    )
+    _record_delivery(s, row.id, env, "release", now)
+    return "lease_failed" if last else "reoffered"
+
+
+def _admit(s: Session, env: Envelope, kind: str, now: float) -> tuple[Assignment, bool]:
+    """Check before replay: lock the run's row, check the sender's authority, then the delivery id.
+
+    Returns the locked row and whether the delivery is a replay (``duplicate``).
+    Authority, in order:
+    - ``running``: the holder of the current attempt, fence and live lease;
+    - a row holding a result (``result``, or terminal with its digest kept):
+      the fence that delivered it, for its own replays and its result again;
+    - a row its holder released: that fence, for the replay of its release,
+      until a newer fence is granted.
+    Anyone else is refused as a ``StaleHolder`` naming the first field that
+    differs, before the delivery id is looked at, so nothing from a stale fence
+    is ever recorded or called a duplicate.
+
+    Locking first makes a concurrent replay wait for the delivery being applied
+    and then find it: ``duplicate`` on every backend (PostgreSQL ``FOR UPDATE``;
+    SQLite's ``BEGIN IMMEDIATE`` already serialises writers).
+    """
+    row = s.scalar(
+        select(A)
+        .where(A.board == env.board, A.task_id == env.task_id, A.run_id == env.run_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if row is None:
+        if s.scalar(select(func.count()).select_from(A).where(A.board == env.board)) == 0:
+            raise NotFound(f"board: unknown board {env.board!r}")
+        raise NotFound(f"task_id/run_id: no assignment for {env.board}/{env.task_id} run {env.run_id}")
+    if row.state == RowState.RUNNING.value:
+        _check_holder(row, env, now, lease=True)
+    elif row.result_digest is not None:
+        _check_holder(row, env, now, lease=False)
+    elif kind == "release" and row.fence == env.fence and _released_by(s, env):
+        return row, True
+    else:
+        _stale("state", f"row {row.id} is {row.state}, not running")
+    return row, _seen(s, env, kind)
+
+
+def _released_by(s: Session, env: Envelope) -> bool:
+    known = s.get(Delivery, env.delivery_id)
+    return known is not None and known.kind == "release" and known.digest == env.digest()
+
+
+def _check_holder(row: Assignment, env: Envelope, now: float, *, lease: bool) -> None:
+    checks = [
+        ("worker_ordinal", row.ordinal == env.worker_ordinal, f"the run is on ordinal {row.ordinal}"),
+        ("attempt", row.attempt == env.attempt, f"current attempt is {row.attempt}"),
+        ("fence", row.fence == env.fence, f"current fence is {row.fence}"),
+        ("payload_digest", row.payload_digest == env.payload_digest, "does not match the assignment"),
+        ("lease", not lease or (row.lease_until or 0) >= now, f"the lease ended at {row.lease_until}"),
+    ]
+    for field, ok, why in checks:
+        if not ok:
+            _stale(field, why)
+
+
+def _stale(field: str, why: str) -> NoReturn:
+    raise StaleHolder(f"{field}: stale holder refused: {why}")
+
+
+def _apply(s: Session, env: Envelope, now: float, **values: Any) -> None:
+    """The holder's write: one UPDATE guarded on the whole holder identity, its result checked."""
+    stmt = update(A).where(*_holder_matches(env, now)).values(**values)
+    if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
+        raise LostRace(f"{env.board}/{env.task_id} run {env.run_id} changed concurrently")
 
 
 def _holder_matches(env: Envelope, now: float) -> list[Any]:
@@ -152,35 +294,6 @@ def _holder_matches(env: Envelope, now: float) -> list[Any]:
     ]
 
 
-def _row_of(s: Session, env: Envelope) -> Assignment | None:
-    return s.scalar(
-        select(A)
-        .where(A.board == env.board, A.task_id == env.task_id, A.run_id == env.run_id)
-        .execution_options(populate_existing=True)
-    )
-
-
-def _refuse(s: Session, env: Envelope, now: float) -> None:
-    """Explain why the holder's guarded update matched nothing, naming the field."""
-    row = _row_of(s, env)
-    if row is None:
-        if s.scalar(select(func.count()).select_from(A).where(A.board == env.board)) == 0:
-            raise NotFound(f"board: unknown board {env.board!r}")
-        raise NotFound(f"task_id/run_id: no assignment for {env.board}/{env.task_id} run {env.run_id}")
-    checks = [
-        ("state", row.state == RowState.RUNNING.value, f"row {row.id} is {row.state}, not running"),
-        ("worker_ordinal", row.ordinal == env.worker_ordinal, f"the run is on ordinal {row.ordinal}"),
-        ("attempt", row.attempt == env.attempt, f"current attempt is {row.attempt}"),
-        ("fence", row.fence == env.fence, f"current fence is {row.fence}"),
-        ("payload_digest", row.payload_digest == env.payload_digest, "does not match the assignment"),
-        ("lease", (row.lease_until or 0) >= now, f"the lease ended at {row.lease_until}"),
-    ]
-    for field, ok, why in checks:
-        if not ok:
-            raise StaleHolder(f"{field}: stale holder refused: {why}")
-    raise LostRace(f"row {row.id} changed concurrently")
-
-
 def _seen(s: Session, env: Envelope, kind: str) -> bool:
     known = s.get(Delivery, env.delivery_id)
     if known is None:
@@ -190,13 +303,10 @@ def _seen(s: Session, env: Envelope, kind: str) -> bool:
     return True
 
 
-def _record_delivery(s: Session, env: Envelope, kind: str, now: float) -> None:
-    row_id = s.scalar(
-        select(A.id).where(A.board == env.board, A.task_id == env.task_id, A.run_id == env.run_id)
-    )
+def _record_delivery(s: Session, row_id: int, env: Envelope, kind: str, now: float) -> None:
     values = {
         "delivery_id": env.delivery_id,
-        "assignment_id": row_id or 0,
+        "assignment_id": row_id,
         "kind": kind,
         "digest": env.digest(),
         "created_at": now,

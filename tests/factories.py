@@ -16,12 +16,13 @@ from tasks import registry, scan
 from tasks.plane import Plane
 
 NOW = 1_800_000_000.0  # the fixed clock of the unit tests
+OWNER = "w-1"  # the worker instance the tests offer as, unless a test restarts it
 RowFactory = Callable[..., int]  # the ``make_row`` fixture: a row in a given state, its id back
 
 
-def given_running(store: PoolStore, ordinal: int = 0, task_id: str = "t1") -> Offer:
+def given_running(store: PoolStore, ordinal: int = 0, task_id: str = "t1", owner: str = OWNER) -> Offer:
     store.add_run(board="b", task_id=task_id, run_id=1, ordinal=ordinal, payload={"title": task_id}, now=NOW)
-    offer = store.offer(ordinal, now=NOW)
+    offer = store.offer(ordinal, owner=owner, now=NOW)
     assert offer is not None
     return offer
 

@@ -23,7 +23,7 @@ i = 0
 while True:
     i += 1
     store.add_run(board="b", task_id=f"t{i}", run_id=1, ordinal=0, payload={"i": i})
-    offer = store.offer(0)
+    offer = store.offer(0, owner="w")
     time.sleep(0.002)
     with store.session() as s:
         transitions.expire(s, offer.row_id, max_attempts=1, now=time.time())  # -> lease_failed

@@ -15,7 +15,7 @@ from store.models import RowState
 from tasks import failures, runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
-from tests.factories import NOW, row_state, scanned
+from tests.factories import NOW, OWNER, row_state, scanned
 
 
 def dispatched(plane: Plane) -> list[dict[str, Any]]:
@@ -36,7 +36,7 @@ def claimed(plane: Plane, kanban: KanbanBoard, n: int = 1, board: str = "b") -> 
 def running_row(plane: Plane, kanban: KanbanBoard) -> int:
     [row] = claimed(plane, kanban)
     ordinal = row_state(plane.store, row)["ordinal"]
-    assert plane.store.offer(ordinal, now=NOW) is not None
+    assert plane.store.offer(ordinal, owner=OWNER, now=NOW) is not None
     return row
 
 
@@ -138,7 +138,7 @@ def test_expire_reoffers_then_fails_after_the_last_attempt(plane: Plane, kanban:
         expected = "reoffered" if attempt < plane.settings.max_attempts else "lease_failed"
         assert runner.run_key(plane, "expire", row, t) == expected
         if expected == "reoffered":
-            assert plane.store.offer(row_state(plane.store, row)["ordinal"], now=t) is not None
+            assert plane.store.offer(row_state(plane.store, row)["ordinal"], owner=OWNER, now=t) is not None
     got = row_state(plane.store, row)
     assert got["state"] == "lease_failed" and got["attempt"] == plane.settings.max_attempts
 
@@ -251,7 +251,7 @@ def test_poisoned_result_is_quarantined_and_others_go_on(
 ) -> None:
     rows = claimed(plane, kanban, 3)
     for row in rows:
-        assert plane.store.offer(row_state(plane.store, row)["ordinal"], now=NOW) is not None
+        assert plane.store.offer(row_state(plane.store, row)["ordinal"], owner=OWNER, now=NOW) is not None
         deliver(plane, row, {"status": "done"})
     poisoned = rows[1]
     with plane.store.session() as s:
@@ -345,7 +345,7 @@ def test_one_failing_board_does_not_stop_the_next(
 def test_maintain_once_runs_a_claim_to_the_board(plane: Plane, kanban: KanbanBoard) -> None:
     kanban.add_task("b", "x", task_id="x")
     assert maintain_once(plane, NOW)["materialize"] == {"added": 1}
-    offer = plane.store.offer(0, now=NOW)
+    offer = plane.store.offer(0, owner=OWNER, now=NOW)
     assert offer is not None
     row = offer.row_id
     deliver(plane, row, {"status": "done"})

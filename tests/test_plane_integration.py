@@ -27,6 +27,7 @@ from store import PoolStore, queries
 from tasks import registry, scan
 from tasks.declaration import Outcome
 from tasks.plane import Plane, RedisCoordination
+from tests.factories import OWNER
 
 pytestmark = pytest.mark.integration
 
@@ -150,13 +151,14 @@ def test_expiry_fences_the_old_holder_then_parks_the_exact_run(env: PlaneEnv) ->
     env.beat()
     first = wait_for(
         "the claim to reach an ordinal",
-        lambda: env.store.offer(0) or env.store.offer(1) or env.store.offer(2) or env.store.offer(3),
+        lambda: next(filter(None, (env.store.offer(o, owner=OWNER) for o in range(4))), None),
         30,
     )
     row = first.row_id  # type: ignore[attr-defined]
 
-    def reoffered() -> Any:
-        return env.store.offer(first.ordinal)  # type: ignore[attr-defined]
+    def reoffered() -> Any:  # asked again by its holder, the live grant comes back unchanged
+        again = env.store.offer(first.ordinal, owner=OWNER)  # type: ignore[attr-defined]
+        return again if again is not None and again.attempt == 2 else None
 
     second = wait_for("the re-offer with attempt 2", reoffered, 30)
     assert (second.attempt, second.row_id) == (2, row)  # type: ignore[attr-defined]
@@ -190,7 +192,7 @@ def test_poisoned_rows_are_quarantined_and_healthy_rows_finish_on_time(env: Plan
     env.kanban.add_task("b", "corrupt", task_id="c000")
     [claim] = env.kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
     env.store.add_run(board="b", task_id="c000", run_id=claim.run_id, ordinal=3, payload={"t": 1})
-    offer = env.store.offer(3)
+    offer = env.store.offer(3, owner=OWNER)
     assert offer is not None
     env.store.accept_result(envelope(offer, payload={"status": "done"}))
     _poison_result(env, "c000")
@@ -221,7 +223,7 @@ def test_busy_board_keeps_lease_failed_until_it_answers(env: PlaneEnv) -> None:
     [task] = env.add_tasks(1)
     env.worker()
     env.beat()
-    wait_for("a lease taken", lambda: any(env.store.offer(o) for o in range(4)), 30)
+    wait_for("a lease taken", lambda: any(env.store.offer(o, owner=OWNER) for o in range(4)), 30)
     blocker = sqlite3.connect(f"{env.tmp}/board.db", isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # another writer holds the board's write lock
     try:
@@ -297,7 +299,7 @@ def test_a_storm_never_queues_more_than_one_message_per_row(env: PlaneEnv) -> No
     store = PoolStore.from_settings(settings)
     for i in range(k):  # K running rows whose leases ended long ago
         store.add_run(board="b", task_id=f"s{i}", run_id=1, ordinal=i, payload={}, now=0)
-        assert store.offer(i, now=0) is not None
+        assert store.offer(i, owner=OWNER, now=0) is not None
     plane = Plane(settings, store, env.kanban, RedisCoordination(env.redis.client(), settings))
     from tasks.celery import make_app
 

@@ -20,7 +20,7 @@ from core.retry import RetryPolicy
 from core.settings import Settings
 from store import PoolStore, bookkeeping, queries, transitions
 from store.models import RowState
-from tests.factories import NOW, RowFactory, envelope, given_running, row_state
+from tests.factories import NOW, OWNER, RowFactory, envelope, given_running, row_state
 
 # --- add -------------------------------------------------------------------
 
@@ -70,10 +70,21 @@ def test_offer_starts_the_lease_with_a_new_fence(store: PoolStore) -> None:
     assert row_state(store, first.row_id)["state"] == "running"
 
 
-def test_offer_gives_nothing_for_an_empty_or_busy_ordinal(store: PoolStore) -> None:
-    assert store.offer(0, now=NOW) is None
-    given_running(store, 0)
-    assert store.offer(0, now=NOW) is None  # running: the lease is held until it expires
+def test_offer_gives_nothing_for_an_empty_ordinal_or_one_holding_a_result(store: PoolStore) -> None:
+    assert store.offer(0, owner=OWNER, now=NOW) is None
+    offer = given_running(store, 0)
+    store.accept_result(envelope(offer, payload={"status": "done"}), now=NOW)
+    assert store.offer(0, owner="w-2", now=NOW) is None
+
+
+def test_offer_asked_again_by_its_holder_is_the_same_grant(store: PoolStore) -> None:
+    first = given_running(store, 0)
+    again = store.offer(0, owner=OWNER, now=NOW + 5)  # e.g. a retry after a lost answer
+    assert again == first
+    assert (row_state(store, first.row_id)["fence"], row_state(store, first.row_id)["lease_until"]) == (
+        first.fence,
+        first.lease_until,
+    )
 
 
 def test_reoffer_after_expiry_keeps_identity_with_new_fence(store: PoolStore) -> None:
@@ -83,7 +94,7 @@ def test_reoffer_after_expiry_keeps_identity_with_new_fence(store: PoolStore) ->
             transitions.expire(s, first.row_id, max_attempts=3, now=first.lease_until + 1).state
             is RowState.ASSIGNED
         )
-    again = store.offer(0, now=first.lease_until + 2)
+    again = store.offer(0, owner=OWNER, now=first.lease_until + 2)
     assert again is not None
     assert (again.row_id, again.task_id, again.run_id) == (first.row_id, first.task_id, first.run_id)
     assert again.attempt == 2 and again.fence > first.fence
@@ -120,7 +131,9 @@ def test_replayed_heartbeat_is_a_duplicate_and_reused_id_conflicts(store: PoolSt
     offer = given_running(store)
     assert store.heartbeat(envelope(offer), now=NOW) == "applied"
     assert store.heartbeat(envelope(offer), now=NOW + 1) == "duplicate"
-    with pytest.raises(DeliveryConflict, match="delivery_id"):
+    with pytest.raises(DeliveryConflict, match="delivery_id"):  # the holder reuses the id for a result
+        store.accept_result(envelope(offer, payload={"status": "done"}), now=NOW + 1)
+    with pytest.raises(StaleHolder, match="payload_digest"):  # authority is checked before the id
         store.heartbeat(envelope(offer, payload_digest="f" * 64), now=NOW + 1)
 
 
@@ -143,7 +156,7 @@ def test_result_from_the_previous_attempt_is_refused(store: PoolStore) -> None:
     old = given_running(store)
     with store.session() as s:
         transitions.expire(s, old.row_id, max_attempts=3, now=old.lease_until + 1)
-    new = store.offer(0, now=old.lease_until + 2)
+    new = store.offer(0, owner=OWNER, now=old.lease_until + 2)
     assert new is not None
     with pytest.raises(StaleHolder):
         store.accept_result(envelope(old, "r", payload={"status": "done"}), now=old.lease_until + 3)
@@ -170,7 +183,7 @@ def test_expire_reoffers_until_the_last_attempt_then_lease_failed(
     with store.session() as s:
         assert transitions.expire(s, row, max_attempts=3, now=NOW).state is RowState.ASSIGNED
     assert row_state(store, row)["attempt"] == 3
-    offer = store.offer(0, now=NOW)
+    offer = store.offer(0, owner=OWNER, now=NOW)
     assert offer is not None
     with store.session() as s:
         assert (
