@@ -32,12 +32,16 @@ class KanbanBoard:
         self.engine = engine or db.make_engine(url)
 
     def migrate(self) -> None:
-        db.migrate(self.engine, "board", metadata)
+        db.migrate(self.engine, "board", metadata, "board")
+
+    def require_schema(self, *, writable: bool = False) -> None:
+        """``ConfigError`` unless ``migrate`` has set this board up (creates nothing)."""
+        db.require_schema(self.engine, "board", "board", writable=writable)
 
     @contextmanager
     def _tx(self, *, readonly: bool = False) -> Iterator[Connection]:
         engine = db.readonly(self.engine) if readonly else self.engine
-        with db.transient_errors("board"), engine.begin() as conn:
+        with db.transient_errors("board", engine.url), engine.begin() as conn:
             yield conn
 
     # --- the Board protocol ----------------------------------------------
