@@ -163,8 +163,10 @@ class KanbanBoard:
         validate.name("board", board, 64)
         task_id = validate.name("task_id", task_id or uuid.uuid4().hex[:12], 128)
         validate.name("lane", lane, 64)
-        if not title.strip():
+        if not validate.text("title", title).strip():
             raise InvalidInput("title", "must not be empty")
+        # Materialize's own check, at the largest run id: a task the pool would park is refused now.
+        validate.run_payload(board=board, task_id=task_id, run_id=validate.MAX_ID, title=title, body=body)
         now = time.time()
         with self._tx() as conn:
             if conn.scalar(select(boards.c.name).where(boards.c.name == board)) is None:
