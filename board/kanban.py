@@ -32,12 +32,16 @@ class KanbanBoard:
         self.engine = engine or db.make_engine(url)
 
     def migrate(self) -> None:
-        db.migrate(self.engine, "board", metadata)
+        db.migrate(self.engine, "board", metadata, "board")
+
+    def require_schema(self, *, writable: bool = False) -> None:
+        """``ConfigError`` unless ``migrate`` has set this board up (creates nothing)."""
+        db.require_schema(self.engine, "board", "board", writable=writable)
 
     @contextmanager
     def _tx(self, *, readonly: bool = False) -> Iterator[Connection]:
         engine = db.readonly(self.engine) if readonly else self.engine
-        with db.transient_errors("board"), engine.begin() as conn:
+        with db.transient_errors("board", engine.url), engine.begin() as conn:
             yield conn
 
     # --- the Board protocol ----------------------------------------------
@@ -159,8 +163,10 @@ class KanbanBoard:
         validate.name("board", board, 64)
         task_id = validate.name("task_id", task_id or uuid.uuid4().hex[:12], 128)
         validate.name("lane", lane, 64)
-        if not title.strip():
+        if not validate.text("title", title).strip():
             raise InvalidInput("title", "must not be empty")
+        # Materialize's own check, at the largest run id: a task the pool would park is refused now.
+        validate.run_payload(board=board, task_id=task_id, run_id=validate.MAX_ID, title=title, body=body)
         now = time.time()
         with self._tx() as conn:
             if conn.scalar(select(boards.c.name).where(boards.c.name == board)) is None:

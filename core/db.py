@@ -4,39 +4,75 @@ SQLite gets WAL, ``synchronous=FULL``, a busy timeout, foreign keys and
 ``BEGIN IMMEDIATE`` (so a write transaction takes the write lock up front and
 never fails half-way with "database is locked" on upgrade). Every engine is
 disposed in a forked child, so no connection is ever shared across a fork.
-Database "busy", "locked" and lost connections surface as ``TransientError``.
+Database failures surface by class (``translate``): "busy", "locked" and lost
+connections as ``TransientError``, a server refusing connections as ``Unavailable``
+(transient too), a URL, driver, directory or file that cannot work as ``ConfigError``.
+Nothing but ``migrate`` creates a database: ``require_schema`` looks for a SQLite
+file before connecting, since connecting would create it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, MetaData, create_engine, event
+from sqlalchemy import URL, Engine, MetaData, create_engine, event, inspect
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from core.errors import TransientError
+from core.errors import ConfigError, PoolError, TransientError, Unavailable
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 _TRANSIENT_SQLITE_WORDS = ("locked", "busy", "disk i/o error", "unable to open")
+# SQLite error names (extended codes; the first prefix that matches wins) that no retry can fix.
+_PERMANENT_SQLITE = (
+    (
+        "SQLITE_READONLY_DIRECTORY",
+        "read-only for this user, and SQLite (WAL mode) must create its -shm file in a directory "
+        "this user cannot write: run as the database's owner",
+    ),
+    ("SQLITE_READONLY", "read-only for this user"),
+    ("SQLITE_NOTADB", "not a SQLite database"),
+    ("SQLITE_CORRUPT", "damaged or truncated"),
+)
+# A server that answers but refuses us: the URL is wrong, not the server down.
+_CONFIG_AT_CONNECT = ("does not exist", "authentication failed", "password", "pg_hba.conf")
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine for the store or the board, with the SQLite durability settings applied."""
-    if url.startswith("sqlite"):
-        kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-        engine = create_engine(url, **kwargs)
-        event.listen(engine, "connect", _sqlite_on_connect)
-        event.listen(engine, "begin", _sqlite_on_begin)
-    else:
-        kwargs.setdefault("pool_pre_ping", True)
-        engine = create_engine(url, **kwargs)
+    """An engine for the store or the board, with the SQLite durability settings applied.
+
+    A URL that cannot work (not a URL, unknown dialect, driver not installed) is a
+    ``ConfigError``; nothing connects yet.
+    """
+    try:
+        if url.startswith("sqlite"):
+            kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+            engine = create_engine(url, **kwargs)
+            event.listen(engine, "connect", _sqlite_on_connect)
+            event.listen(engine, "begin", _sqlite_on_begin)
+        else:
+            kwargs.setdefault("pool_pre_ping", True)
+            engine = create_engine(url, **kwargs)
+    except sa_exc.NoSuchModuleError as err:
+        raise ConfigError(f"database URL {mask_url(url)!r}: unknown database kind ({err})") from None
+    except sa_exc.ArgumentError:
+        raise ConfigError(
+            f"database URL {mask_url(url)!r}: not a database URL "
+            "(e.g. sqlite:///pool.db or postgresql+psycopg://user@host/db)"
+        ) from None
+    except ImportError as err:
+        raise ConfigError(
+            f"database URL {mask_url(url)!r}: its driver is not installed ({err}); "
+            "PostgreSQL is postgresql+psycopg://"
+        ) from None
     ref = weakref.ref(engine)
     os.register_at_fork(after_in_child=lambda: _dispose_in_child(ref))
     return engine
@@ -71,36 +107,74 @@ def readonly(engine: Engine) -> Engine:
     return engine.execution_options(readonly=True)
 
 
-def is_transient(err: BaseException) -> bool:
-    if isinstance(err, TransientError | OSError | sa_exc.TimeoutError):
-        return True
-    if isinstance(err, sa_exc.DBAPIError) and err.connection_invalidated:
-        return True
-    if isinstance(err, sa_exc.OperationalError):
+def mask_url(url: str | URL) -> str:
+    """A URL fit for a message: its password, if any, replaced by ``***``."""
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", str(url))
+
+
+def translate(err: BaseException, what: str, url: URL | None = None) -> PoolError | None:
+    """The class of a database failure, as an error naming ``what``; None if it is none of these.
+
+    Busy, locked, lost connection: ``TransientError``. Cannot connect to the server:
+    ``Unavailable`` (transient too). A file or URL that cannot work: ``ConfigError``.
+    """
+    where = what if url is None else f"{what} at {mask_url(url)}"
+    if isinstance(err, OSError | sa_exc.TimeoutError):
+        return TransientError(f"{what}: {_short(err)}")
+    if not isinstance(err, sa_exc.DBAPIError):
+        return None
+    if "sqlite" in type(err.orig).__module__:
+        name = getattr(err.orig, "sqlite_errorname", "")
+        for prefix, problem in _PERMANENT_SQLITE:
+            if name.startswith(prefix):
+                return ConfigError(f"{where}: {problem} ({_short(err)})")
         text = str(err.orig).lower()
-        if "sqlite" in type(err.orig).__module__:
-            return any(word in text for word in _TRANSIENT_SQLITE_WORDS)
-        return True  # PostgreSQL: connection loss, serialization failure, deadlock, lock timeout
-    return False
+        if err.connection_invalidated or (
+            isinstance(err, sa_exc.OperationalError) and any(w in text for w in _TRANSIENT_SQLITE_WORDS)
+        ):
+            return TransientError(f"{what}: {_short(err)}")
+        return None
+    if isinstance(err, sa_exc.OperationalError) and err.statement is None:  # failed to connect
+        if any(word in _short(err).lower() for word in _CONFIG_AT_CONNECT):
+            return ConfigError(f"{where}: {_short(err)}")
+        return Unavailable(f"{where} is unavailable: {_short(err)}")
+    if err.connection_invalidated or getattr(err.orig, "sqlstate", None) in _CONNECTION_LOST:
+        return Unavailable(f"{where}: connection lost: {_short(err)}")
+    if isinstance(err, sa_exc.OperationalError):  # serialization failure, deadlock, lock timeout
+        return TransientError(f"{what}: {_short(err)}")
+    return None
+
+
+# PostgreSQL SQLSTATEs of a lost connection: class 08, shutdowns, "cannot connect now".
+_CONNECTION_LOST = frozenset({"08000", "08001", "08003", "08004", "08006", "57P01", "57P02", "57P03"})
+
+
+def is_transient(err: BaseException) -> bool:
+    return isinstance(err, TransientError) or isinstance(translate(err, "database"), TransientError)
 
 
 @contextmanager
-def transient_errors(what: str) -> Iterator[None]:
-    """Re-raise busy/locked/connection failures as ``TransientError`` naming ``what``."""
+def transient_errors(what: str, url: URL | None = None) -> Iterator[None]:
+    """Re-raise database failures by class (``translate``), naming ``what`` (and ``url``)."""
     try:
         yield
-    except TransientError:
+    except PoolError:
         raise
     except Exception as err:
-        if is_transient(err):
-            raise TransientError(f"{what}: {_short(err)}") from err
+        translated = translate(err, what, url)
+        if translated is not None:
+            raise translated from err
         raise
 
 
 @contextmanager
 def transaction(engine: Engine, what: str = "store") -> Iterator[Session]:
     """One short transaction: commit on success, roll back on any error."""
-    with transient_errors(what), Session(engine, expire_on_commit=False) as session, session.begin():
+    with (
+        transient_errors(what, engine.url),
+        Session(engine, expire_on_commit=False) as session,
+        session.begin(),
+    ):
         yield session
 
 
@@ -109,15 +183,64 @@ def _short(err: BaseException) -> str:
     return str(orig if orig is not None else err).splitlines()[0][:200]
 
 
-def migrate(engine: Engine, package: str, metadata: MetaData) -> None:
+def migrate(engine: Engine, package: str, metadata: MetaData, what: str = "database") -> None:
     """Bring ``package``'s schema (``store`` or ``board``) to head; a no-op when already there."""
+    require_creatable(engine, what)
     cfg = Config()
     cfg.set_main_option("script_location", f"{package}:migrations")
-    cfg.attributes["version_table"] = f"{package}_alembic_version"
+    cfg.attributes["version_table"] = _version_table(package)
     cfg.attributes["target_metadata"] = metadata
-    with engine.begin() as conn:
+    with transient_errors(what, engine.url), engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+def require_creatable(engine: Engine, what: str) -> None:
+    """``ConfigError`` unless ``migrate`` can create or open the SQLite file (other databases: no check)."""
+    path = _sqlite_file(engine.url)
+    if path is None:
+        return
+    where = f"{what} at {mask_url(engine.url)}"
+    if not path.parent.is_dir():
+        raise ConfigError(f"{where}: directory {path.parent} does not exist")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{where}: not a file")
+    if not path.exists() and not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}: cannot create it: directory {path.parent} is not writable by this user")
+
+
+def require_schema(engine: Engine, package: str, what: str, *, writable: bool = False) -> None:
+    """``ConfigError`` unless ``migrate`` has set ``package``'s schema up (and, if asked, the
+    SQLite file is writable); creates nothing.
+
+    A SQLite file is looked for before connecting, since connecting would create it.
+    """
+    where = f"{what} at {mask_url(engine.url)}"
+    missing = ConfigError(f"no {where}: run `poolctl init`")
+    path = _sqlite_file(engine.url)
+    if path is not None:
+        require_creatable(engine, what)
+        if not path.exists() or path.stat().st_size == 0:  # an empty file is what connecting creates
+            raise missing
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"{where}: not readable by this user")
+        if writable and not os.access(path, os.W_OK):
+            raise ConfigError(f"{where}: read-only for this user")
+    with transient_errors(what, engine.url), readonly(engine).connect() as conn:
+        found = inspect(conn).has_table(_version_table(package))
+    if not found:
+        raise missing
+
+
+def _version_table(package: str) -> str:
+    return f"{package}_alembic_version"
+
+
+def _sqlite_file(url: URL) -> Path | None:
+    """The file a SQLite URL names; None for other databases, memory and ``uri=true`` names."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:") or "uri" in url.query:
+        return None
+    return Path(url.database)
 
 
 def run_alembic_env() -> None:

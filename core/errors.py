@@ -7,6 +7,10 @@
 | CapabilityError  | the run itself cannot be served            | park exactly that run on the board |
 | anything else    | a bug or poisoned data                     | recorded on that row; backoff      |
 
+A ``TransientError`` that is ``Unavailable`` (a server refused or dropped the
+connection) is retried the same way; ``poolctl`` reports it apart from "busy".
+A ``ConfigError`` (a database file or URL that cannot work) is never retried.
+
 ``InvalidInput`` and ``NotFound`` are refusals of a caller's request (a worker
 envelope, an operator command): they name what was wrong and change nothing.
 """
@@ -24,6 +28,22 @@ class SettingsError(PoolError, ValueError):
 
 class TransientError(PoolError):
     """Nothing changed; the same call may succeed later."""
+
+
+class Unavailable(TransientError):
+    """A server refused or dropped the connection (PostgreSQL or Redis down, wrong port).
+
+    The maintenance plane retries it like any transient error; the message names the
+    server's URL with the password masked.
+    """
+
+
+class ConfigError(PoolError):
+    """A database or Redis URL, or a database file, that cannot work as configured.
+
+    Not a URL, no driver, a missing directory, not a database, read-only, not
+    initialised: retrying will not help. The message names the URL (password masked).
+    """
 
 
 class ProtocolError(PoolError):

@@ -18,6 +18,8 @@ from core.errors import InvalidInput
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 MAX_DOCUMENT_BYTES = 64 * 1024
+# Row ids, run ids and fences are at most 63-bit: a SQLite INTEGER, a PostgreSQL BIGINT.
+MAX_ID = 2**63 - 1
 SECRET_KEY_RE = re.compile(
     r"passw(or)?d|passphrase|secret|token|api[_-]?key|access[_-]?key|private[_-]?key"
     r"|credential|(^|[_-])auth($|[_-]|orization)|cookie|session[_-]?id",
@@ -67,6 +69,54 @@ def document(field: str, value: object) -> str:
     if len(text.encode()) > MAX_DOCUMENT_BYTES:
         raise InvalidInput(field, f"larger than {MAX_DOCUMENT_BYTES} bytes")
     return text
+
+
+def text(field: str, value: object) -> str:
+    """Free text a database can hold: a string of valid UTF-8 (no lone surrogate) without NUL."""
+    if not isinstance(value, str):
+        raise InvalidInput(field, f"expected a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidInput(field, f"not valid UTF-8 (a lone surrogate at position {err.start})") from None
+    if "\x00" in value:
+        raise InvalidInput(field, "must not contain a NUL character")
+    return value
+
+
+def run_payload(*, board: str, task_id: str, run_id: int, title: str, body: str) -> dict[str, Any]:
+    """What a pool worker receives for one run of a board task; ``InvalidInput`` if it cannot be built.
+
+    A body holding a JSON object is passed on as ``input``, too. The payload is a
+    ``document``: at most ``MAX_DOCUMENT_BYTES`` as JSON, no credential-like keys.
+    Materialize builds it for each claim; ``KanbanBoard.add_task`` builds it (with the
+    largest run id) to refuse a task the pool could never serve.
+    """
+    payload: dict[str, Any] = {
+        "board": board,
+        "task_id": task_id,
+        "run_id": run_id,
+        "title": text("title", title),
+        "body": text("body", body),
+    }
+    if body.lstrip().startswith("{"):
+        try:
+            payload["input"] = json.loads(body)
+        except ValueError as err:
+            raise InvalidInput("body", f"looks like JSON but is not: {err}") from None
+    try:
+        size = len(canonical_json(payload).encode())
+    except ValueError as err:
+        raise InvalidInput("body", f"not JSON-serialisable: {err}") from None
+    if size > MAX_DOCUMENT_BYTES:
+        longer = "title" if len(title) > len(body) else "body"
+        raise InvalidInput(
+            longer, f"too long: the run's payload would be {size} bytes, at most {MAX_DOCUMENT_BYTES}"
+        )
+    if "input" in payload:
+        document("body", payload["input"])  # a credential-like key is named body.<key>
+    document("payload", payload)
+    return payload
 
 
 def canonical_json(value: Any) -> str:

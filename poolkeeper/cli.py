@@ -1,28 +1,68 @@
 """``poolctl``: the operator's command line.
 
-A user mistake (a bad setting, an unknown row or board, malformed input) is
-one clear line on stderr and exit code 2, never a traceback.
+Every failure is one line on stderr and an exit code from ``EXIT_CODES`` (the
+table in ``EPILOG`` and README "Operate"), never a traceback unless
+``POOLCTL_DEBUG=1``. Only ``init`` creates a database.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import sys
 import time
+import traceback
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from board import KanbanBoard, TaskStatus
-from core.errors import InvalidInput, NotFound, PoolError, SettingsError, TransientError
+from core import db, validate
+from core.db import mask_url
+from core.errors import (
+    ConfigError,
+    InvalidInput,
+    LostRace,
+    NotFound,
+    SettingsError,
+    TransientError,
+    Unavailable,
+)
 from core.settings import Settings
 from store import PoolStore, queries, transitions
 from store.models import RowState
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
+# The first class that matches decides; anything else is an internal error (exit 1).
+EXIT_CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, str], ...] = (
+    ((SettingsError, InvalidInput, NotFound), 2, ""),
+    (Unavailable, 69, ""),
+    (TransientError, 75, "busy, try again: "),
+    (LostRace, 75, "changed concurrently, try again: "),
+    (ConfigError, 78, ""),
+)
+EPILOG = """Exit codes:
+
+\b
+   0  ok
+   1  internal error (one line; POOLCTL_DEBUG=1 shows the traceback)
+   2  usage or refused request: a bad argument or setting, an unknown row
+  69  a server refuses connections (PostgreSQL, Redis); the URL is named
+  75  busy or locked: try again
+  78  a URL or file that cannot work: not a URL, no driver, missing directory,
+      not a database, read-only, not initialised (run `poolctl init`)
+"""
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Operate a poolkeeper pool: its store, its board and the maintenance passes.",
+    epilog=EPILOG,
+    pretty_exceptions_enable=False,
+)
 board_app = typer.Typer(no_args_is_help=True, help="The built-in Kanban board.")
 app.add_typer(board_app, name="board")
 out = Console()
@@ -34,12 +74,27 @@ def _settings() -> Settings:
     return Settings.from_env()
 
 
-def _store() -> PoolStore:
-    return PoolStore.from_settings(_settings())
+# "read" and "write" need a database `poolctl init` set up; "create" (init) one it can create.
+# Else ConfigError, before anything is created.
+Access = Literal["read", "write", "create"]
 
 
-def _kanban() -> KanbanBoard:
-    return KanbanBoard(_settings().board_url)
+def _store(access: Access = "read") -> PoolStore:
+    store = PoolStore.from_settings(_settings())
+    if access == "create":
+        db.require_creatable(store.engine, "pool store")
+    else:
+        store.require_schema(writable=access == "write")
+    return store
+
+
+def _kanban(access: Access = "read") -> KanbanBoard:
+    kanban = KanbanBoard(_settings().board_url)
+    if access == "create":
+        db.require_creatable(kanban.engine, "board")
+    else:
+        kanban.require_schema(writable=access == "write")
+    return kanban
 
 
 def _emit(data: Any, table: Table | str, as_json: bool) -> None:
@@ -49,14 +104,33 @@ def _emit(data: Any, table: Table | str, as_json: bool) -> None:
         out.print(table)
 
 
+def _version(value: bool) -> None:
+    if value:
+        try:
+            version = importlib.metadata.version("poolkeeper")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        out.print(f"poolctl {version}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
+    pass
+
+
 @app.command()
 def init() -> None:
     """Create or migrate the pool store and the board (a no-op when current)."""
-    store, kanban = _store(), _kanban()
+    store, kanban = _store("create"), _kanban("create")
     store.migrate()
     kanban.migrate()
-    out.print(f"pool store ready: {store.url}")
-    out.print(f"board ready:      {_settings().board_url}")
+    out.print(f"pool store ready: {mask_url(store.engine.url)}")
+    out.print(f"board ready:      {mask_url(kanban.engine.url)}")
 
 
 @app.command()
@@ -112,7 +186,7 @@ def _row_dict(row: Any) -> dict[str, Any]:
 def rows(
     state: Annotated[str | None, typer.Option(help="Only rows in this state.")] = None,
     quarantined: Annotated[bool, typer.Option("--quarantined", help="Only quarantined rows.")] = False,
-    limit: Annotated[int, typer.Option(min=1)] = 1000,
+    limit: Annotated[int, typer.Option(min=1, max=validate.MAX_ID)] = 1000,
     as_json: JsonOpt = False,
 ) -> None:
     """List pool rows."""
@@ -143,9 +217,11 @@ def rows(
 
 
 @app.command()
-def requeue(row: Annotated[int, typer.Argument(help="Row id (see `poolctl rows`).")]) -> None:
+def requeue(
+    row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ID, help="Row id (see `poolctl rows`).")],
+) -> None:
     """Clear a row's backoff and quarantine so the next scan retries it now."""
-    with _store().session() as s:
+    with _store("write").session() as s:
         got = transitions.requeue(s, row)
     out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}, {got.state}) requeued")
 
@@ -164,7 +240,9 @@ def maintain(
     from tasks.maintain import maintain_once
     from tasks.plane import Plane
 
-    summary = maintain_once(Plane.from_settings(_settings()), time.time())
+    plane = Plane.from_settings(_settings(), _store("write"), _kanban("write"))
+    plane.coord.ping()
+    summary = maintain_once(plane, time.time())
     data = {name: dict(outcomes) for name, outcomes in summary.items()}
     table = Table("pass", "outcomes")
     for name, outcomes in data.items():
@@ -220,11 +298,18 @@ def board_add(
     board: str,
     title: str,
     body: Annotated[str, typer.Option(help="Task body.")] = "",
-    lane: Annotated[str, typer.Option(help="Lane; only 'pool' tasks are claimed.")] = "pool",
+    lane: Annotated[
+        str | None, typer.Option(help="Lane (default: the pool's, POOL_LANE); the pool claims no other.")
+    ] = None,
     task_id: Annotated[str | None, typer.Option("--id", help="Task id (default: generated).")] = None,
 ) -> None:
     """Add a ready task."""
-    out.print(_kanban().add_task(board, title, body, lane=lane, task_id=task_id))
+    pool_lane = _settings().lane
+    lane = pool_lane if lane is None else lane
+    out.print(_kanban("write").add_task(board, title, body, lane=lane, task_id=task_id))
+    if lane != pool_lane:
+        note = f"lane {lane!r} is not the pool's lane ({pool_lane!r}): the pool will never claim it"
+        print(f"poolctl: note: {note}", file=sys.stderr)
 
 
 @board_app.command("list")
@@ -275,29 +360,60 @@ def board_list(
 @board_app.command("cancel")
 def board_cancel(board: str, task_id: str) -> None:
     """End a task for good (done, result {"cancelled": true})."""
-    task = _kanban().cancel_task(board, task_id)
+    task = _kanban("write").cancel_task(board, task_id)
     out.print(f"{board}/{task_id} cancelled ({task.status.value})")
 
 
 @board_app.command("unblock")
 def board_unblock(board: str, task_id: str) -> None:
     """Put a parked task back to ready."""
-    _kanban().unblock_task(board, task_id)
+    _kanban("write").unblock_task(board, task_id)
     out.print(f"{board}/{task_id} ready")
 
 
 def main() -> None:
-    """Entry point: user mistakes become one line and exit code 2."""
+    """Entry point: every failure is one line on stderr and its exit code (``EXIT_CODES``)."""
     try:
-        app()  # standalone: click reports usage errors itself (exit 2)
-    except (SettingsError, InvalidInput, NotFound) as e:
-        _fail(str(e), 2)
-    except TransientError as e:
-        _fail(f"busy, try again: {e}", 75)
-    except PoolError as e:
-        _fail(str(e), 1)
+        _require_utf8(sys.argv[1:])
+        code = app(prog_name="poolctl", standalone_mode=False)
+    except typer.TyperException as e:  # a usage error: one line, not click's framed panel
+        # typer itself recognises this one by name; its help is already printed
+        if type(e).__name__ != "NoArgsIsHelpError":
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            _fail(f"{e.format_message()}{hint}", e.exit_code)
+        code = e.exit_code
+    except Exception as e:
+        code, message = _exit_code(e)
+        _fail(message, code)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _exit_code(err: Exception) -> tuple[int, str]:
+    if os.environ.get("POOLCTL_DEBUG"):
+        traceback.print_exc()
+    for kinds, code, prefix in EXIT_CODES:
+        if isinstance(err, kinds):
+            return code, f"{prefix}{err}"
+    return 1, f"internal error: {type(err).__name__}: {err} (run with POOLCTL_DEBUG=1 for the traceback)"
+
+
+def _require_utf8(args: list[str]) -> None:
+    """Arguments the databases can hold: a non-UTF-8 byte arrives as a lone surrogate."""
+    for i, arg in enumerate(args):
+        try:
+            validate.text("argument", arg)
+        except InvalidInput as err:
+            if arg.startswith("--") and "=" in arg:
+                name = arg.split("=", 1)[0]
+            elif i and args[i - 1].startswith("-"):
+                name = f"the value of {args[i - 1]}"
+            else:
+                name = f"argument {i + 1}"
+            raise InvalidInput(name, f"{err.problem}: {arg!a}") from None
 
 
 def _fail(message: str, code: int) -> None:
-    print(f"poolctl: {message}", file=sys.stderr)
+    one_line = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    print(f"poolctl: {one_line}", file=sys.stderr)
     sys.exit(code)

@@ -55,7 +55,11 @@ class PoolStore:
 
     def migrate(self) -> None:
         """Create or upgrade the schema; a no-op when it is current."""
-        db.migrate(self.engine, "store", metadata)
+        db.migrate(self.engine, "store", metadata, "pool store")
+
+    def require_schema(self, *, writable: bool = False) -> None:
+        """``ConfigError`` unless ``migrate`` has set this store up (creates nothing)."""
+        db.require_schema(self.engine, "store", "pool store", writable=writable)
 
     @contextmanager
     def session(self, *, readonly: bool = False) -> Iterator[Session]:
@@ -66,7 +70,7 @@ class PoolStore:
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """A Core-level write transaction, for batches that take a savepoint per row."""
-        with db.transient_errors("pool store"), self.engine.begin() as conn:
+        with db.transient_errors("pool store", self.engine.url), self.engine.begin() as conn:
             yield conn
 
     def offer(self, ordinal: int, *, owner: str, now: float | None = None) -> Offer | None:

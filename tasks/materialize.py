@@ -20,7 +20,6 @@ Returns: ``added``, ``duplicate``, ``parked``, ``vanished`` or ``moved_on``.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -43,24 +42,13 @@ def claim_name(claim: Claim) -> str:
 
 
 def build_payload(task: BoardTask, run_id: int) -> dict[str, Any]:
-    """What the pool worker receives. A body holding a JSON object is passed on as ``input``."""
-    payload: dict[str, Any] = {
-        "board": task.board,
-        "task_id": task.id,
-        "run_id": run_id,
-        "title": task.title,
-        "body": task.body,
-    }
-    if task.body.lstrip().startswith("{"):
-        try:
-            payload["input"] = json.loads(task.body)
-        except ValueError as err:
-            raise CapabilityError(f"task body looks like JSON but is not: {err}") from None
+    """What the pool worker receives (``validate.run_payload``); a failure is the run's own."""
     try:
-        validate.document("payload", payload)
+        return validate.run_payload(
+            board=task.board, task_id=task.id, run_id=run_id, title=task.title, body=task.body
+        )
     except InvalidInput as err:
         raise CapabilityError(f"cannot build a payload: {err}") from None
-    return payload
 
 
 def reserve_free(plane: Plane, at_most: int) -> list[int]:

@@ -21,8 +21,9 @@ from typing import Protocol
 
 import redis
 
-from board import Board, open_board
-from core.errors import TransientError
+from board import Board, KanbanBoard, open_board
+from core.db import mask_url
+from core.errors import ConfigError, TransientError, Unavailable
 from core.settings import Settings
 from store import PoolStore
 
@@ -70,6 +71,10 @@ class Coordination(Protocol):
 
     def release(self, ordinal: int) -> None: ...
 
+    def ping(self) -> None:
+        """Raise ``Unavailable`` unless the coordination server answers."""
+        ...
+
 
 class RedisCoordination:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
@@ -81,6 +86,7 @@ class RedisCoordination:
         # within the visibility timeout, so it never needs a second one.
         self.pending_s = int(settings.visibility_timeout + settings.task_time_limit)
         self.reserve_s = int(2 * settings.task_time_limit + settings.tick_seconds)
+        self.where = f"redis at {mask_url(settings.redis_url)}"
 
     def lock_many(self, keys: list[str]) -> list[str | None]:
         if not keys:
@@ -124,6 +130,10 @@ class RedisCoordination:
     def release(self, ordinal: int) -> None:
         with _redis_errors():
             self.r.delete(f"{PREFIX}:reserved:{ordinal}")
+
+    def ping(self) -> None:
+        with _redis_errors(self.where):
+            self.r.ping()
 
 
 class LocalCoordination:
@@ -175,16 +185,24 @@ class LocalCoordination:
         with self._mu:
             self._reserved.discard(ordinal)
 
+    def ping(self) -> None:
+        return None
+
 
 class _redis_errors:
-    """Redis trouble (connection refused, timeout) is transient: retry the row later."""
+    """Redis trouble is transient: retry the row later. Cannot reach it (refused, timeout): Unavailable."""
+
+    def __init__(self, where: str = "redis") -> None:
+        self.where = where
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: object) -> None:
-        if isinstance(err, redis.RedisError | OSError):
-            raise TransientError(f"redis: {err}") from err
+        if isinstance(err, redis.ConnectionError | redis.TimeoutError | OSError):
+            raise Unavailable(f"{self.where} is unavailable: {err}") from err
+        if isinstance(err, redis.RedisError):
+            raise TransientError(f"{self.where}: {err}") from err
 
 
 @dataclass
@@ -195,14 +213,24 @@ class Plane:
     coord: Coordination
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Plane:
+    def from_settings(
+        cls, settings: Settings, store: PoolStore | None = None, kanban: KanbanBoard | None = None
+    ) -> Plane:
+        """The plane on ``settings``, on the store and board given (else opened from the settings).
+
+        A Redis URL that cannot work is a ``ConfigError``; nothing connects yet.
+        """
         coord: Coordination
         if not settings.redis_url:
             coord = LocalCoordination()
         else:
-            client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+            try:
+                client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+            except ValueError as err:
+                raise ConfigError(f"redis URL {mask_url(settings.redis_url)!r}: {err}") from None
             coord = RedisCoordination(client, settings)
-        return cls(settings, PoolStore.from_settings(settings), open_board(settings), coord)
+        store = store or PoolStore.from_settings(settings)
+        return cls(settings, store, open_board(settings, kanban), coord)
 
 
 _current: Plane | None = None

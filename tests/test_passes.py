@@ -80,6 +80,7 @@ def test_dispatch_absorbs_a_busy_board(plane: Plane, kanban: KanbanBoard) -> Non
         ("plain text", "pool", "added", TaskStatus.RUNNING, None),
         ('{"api_token": "s3cr3t"}', "pool", "parked", TaskStatus.BLOCKED, "capability"),
         ("{not json", "pool", "parked", TaskStatus.BLOCKED, "capability"),
+        ("x" * 70_000, "pool", "parked", TaskStatus.BLOCKED, "capability"),
     ],
 )
 def test_materialize_parks_only_runs_that_cannot_be_served(
@@ -91,7 +92,9 @@ def test_materialize_parks_only_runs_that_cannot_be_served(
     status: TaskStatus,
     kind: str | None,
 ) -> None:
-    kanban.add_task("b", "t", body, task_id="t", lane=lane)
+    kanban.add_task("b", "t", task_id="t", lane=lane)
+    with kanban.engine.begin() as conn:  # another writer stores a body that add_task refuses
+        conn.execute(text("UPDATE tasks SET body = :body WHERE id = 't'"), {"body": body})
     [claim] = dispatched(plane)
     assert runner.run_key(plane, "materialize", claim, NOW) == outcome
     task = kanban.get_task("b", "t")
