@@ -34,6 +34,10 @@ class KanbanBoard:
     def migrate(self) -> None:
         db.migrate(self.engine, "board", metadata)
 
+    def check_ready(self) -> None:
+        """Reachable and migrated to head, else ``TransientError`` or ``NotReady``; writes nothing."""
+        db.check_ready(self.engine, "board", "board")
+
     @contextmanager
     def _tx(self, *, readonly: bool = False) -> Iterator[Connection]:
         engine = db.readonly(self.engine) if readonly else self.engine

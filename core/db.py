@@ -5,6 +5,8 @@ SQLite gets WAL, ``synchronous=FULL``, a busy timeout, foreign keys and
 never fails half-way with "database is locked" on upgrade). Every engine is
 disposed in a forked child, so no connection is ever shared across a fork.
 Database "busy", "locked" and lost connections surface as ``TransientError``.
+``check_ready`` tells whether a database can be served at all: reachable, and
+its schema migrated to head.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, MetaData, create_engine, event
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, MetaData, column, create_engine, event, inspect, select, table
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from core.errors import TransientError
+from core.errors import NotReady, TransientError
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 _TRANSIENT_SQLITE_WORDS = ("locked", "busy", "disk i/o error", "unable to open")
@@ -109,15 +112,45 @@ def _short(err: BaseException) -> str:
     return str(orig if orig is not None else err).splitlines()[0][:200]
 
 
-def migrate(engine: Engine, package: str, metadata: MetaData) -> None:
-    """Bring ``package``'s schema (``store`` or ``board``) to head; a no-op when already there."""
+def _alembic_config(package: str) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", f"{package}:migrations")
     cfg.attributes["version_table"] = f"{package}_alembic_version"
+    return cfg
+
+
+def migrate(engine: Engine, package: str, metadata: MetaData) -> None:
+    """Bring ``package``'s schema (``store`` or ``board``) to head; a no-op when already there."""
+    cfg = _alembic_config(package)
     cfg.attributes["target_metadata"] = metadata
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+def check_ready(engine: Engine, package: str, what: str) -> None:
+    """Refuse a database that cannot be served: ``TransientError`` if it does not answer,
+    ``NotReady`` if it has no schema or one not at ``package``'s head. Writes nothing
+    (a missing SQLite file is not created).
+    """
+    path = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
+    if path not in (None, "", ":memory:") and not os.path.exists(str(path)):
+        raise NotReady(f"{what}: no database at {path}; run `poolctl init`")
+    cfg = _alembic_config(package)
+    heads = set(ScriptDirectory.from_config(cfg).get_heads())
+    versions = table(cfg.attributes["version_table"], column("version_num"))
+    try:
+        with transient_errors(what), readonly(engine).connect() as conn:
+            current = set()
+            if inspect(conn).has_table(versions.name):
+                current = set(conn.scalars(select(versions.c.version_num)))
+    except TransientError:
+        raise
+    except Exception as err:  # a driver that is missing or rejects the URL: nothing to retry
+        raise NotReady(f"{what}: cannot be used: {_short(err)}") from None
+    if current != heads:
+        at = ", ".join(sorted(current)) or "no schema"
+        raise NotReady(f"{what}: not migrated (at {at}, head {', '.join(sorted(heads))}); run `poolctl init`")
 
 
 def run_alembic_env() -> None:

@@ -65,3 +65,7 @@ class InvalidInput(PoolError, ValueError):
 
 class NotFound(PoolError, LookupError):
     """An unknown row, board or task."""
+
+
+class NotReady(PoolError):
+    """A database answers but cannot be used as configured (no schema, or not at head)."""

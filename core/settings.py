@@ -12,6 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import make_url
+
 from core.errors import SettingsError
 
 T = TypeVar("T")
@@ -105,6 +108,7 @@ class Settings:
         for name in ("database_url", "board_url"):
             if not getattr(self, name):
                 raise SettingsError(f"{_var(name)}: must not be empty")
+            _check_database_url(getattr(self, name), _var(name))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -150,6 +154,14 @@ def _parse(raw: str, kind: type, var: str) -> Any:
             f"{var}: expected {'an integer' if kind is int else 'a number'}, got {raw!r}"
         ) from None
     return raw
+
+
+def _check_database_url(url: str, var: str) -> None:
+    """A URL SQLAlchemy can parse, of a dialect it knows. The URL is not echoed: it may hold a password."""
+    try:
+        make_url(url).get_dialect()
+    except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ValueError) as err:
+        raise SettingsError(f"{var}: not a database URL SQLAlchemy can open ({err})") from None
 
 
 def _check(value: T, var: str, ok: Callable[[T], bool], expected: str) -> None:

@@ -49,6 +49,10 @@ class PoolStore:
         """Create or upgrade the schema; a no-op when it is current."""
         db.migrate(self.engine, "store", metadata)
 
+    def check_ready(self) -> None:
+        """Reachable and migrated to head, else ``TransientError`` or ``NotReady``; writes nothing."""
+        db.check_ready(self.engine, "store", "pool store")
+
     @contextmanager
     def session(self, *, readonly: bool = False) -> Iterator[Session]:
         engine = db.readonly(self.engine) if readonly else self.engine

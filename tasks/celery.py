@@ -6,8 +6,12 @@ directory of its own when the worker exports metrics, and builds the app.
 
 Settings: JSON only, late acks, reject on worker lost, prefetch 1, soft and
 hard time limits, a broker visibility timeout longer than any countdown,
-results ignored, one ``maintenance`` queue. Nothing runs at start-up: a worker
-or beat with poisoned rows in the store comes up and serves.
+results ignored, one ``maintenance`` queue.
+
+Start-up refuses to serve, with one line on stderr and a non-zero exit before
+anything is consumed: a store or board that does not answer (75) or is not
+migrated (2). Nothing else runs at start-up: a worker or beat with poisoned
+rows in the store comes up and serves.
 """
 
 from __future__ import annotations
@@ -19,18 +23,23 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, NoReturn
 
-from core.errors import SettingsError, TransientError
+from core.errors import NotReady, SettingsError, TransientError
 from core.settings import Settings
+
+
+def _refuse(message: str, code: int) -> NoReturn:
+    # sys.__stderr__: Celery may already have pointed sys.stderr at its log.
+    print(f"poolkeeper: {message}", file=sys.__stderr__, flush=True)
+    raise SystemExit(code)
 
 
 def _settings() -> Settings:
     try:
         return Settings.from_env()
     except SettingsError as err:
-        print(f"poolkeeper: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _refuse(str(err), 2)
 
 
 def _metrics_dir(settings: Settings) -> None:
@@ -52,7 +61,7 @@ _metrics_dir(SETTINGS)  # before prometheus_client is imported (below) it must b
 
 from celery import Celery, Task  # noqa: E402
 from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown  # noqa: E402
+from celery.signals import beat_init, worker_init, worker_process_init, worker_process_shutdown  # noqa: E402
 from kombu.entity import Queue  # noqa: E402
 
 import beat_schedule  # noqa: E402
@@ -92,6 +101,15 @@ def make_app(settings: Settings) -> Celery:
 app = make_app(SETTINGS)
 
 
+def _refuse_unless_ready(settings: Settings) -> None:
+    try:
+        planes.check_ready(settings)
+    except NotReady as err:
+        _refuse(f"{err} (nothing consumed)", 2)
+    except TransientError as err:
+        _refuse(f"{err} (nothing consumed; try again)", 75)
+
+
 @worker_process_init.connect
 def _fresh_plane_in_child(**_: Any) -> None:
     planes.forget_after_fork()
@@ -99,10 +117,20 @@ def _fresh_plane_in_child(**_: Any) -> None:
 
 @worker_init.connect
 def _worker_start(**_: Any) -> None:
+    """Before the worker consumes anything: refuse to serve what this deployment cannot."""
+    _refuse_unless_ready(SETTINGS)
     if SETTINGS.metrics_port:
-        store = PoolStore.from_settings(SETTINGS)
-        metrics.start_exporter(SETTINGS.metrics_port, SETTINGS.http_host, store)
-        log.info("metrics on http://%s:%d/metrics", SETTINGS.http_host, SETTINGS.metrics_port)
+        host, port = SETTINGS.http_host, SETTINGS.metrics_port
+        try:
+            metrics.start_exporter(port, host, PoolStore.from_settings(SETTINGS))
+        except OSError as err:
+            _refuse(f"POOL_METRICS_PORT: cannot serve metrics on {host}:{port}: {err}", 2)
+        log.info("metrics on http://%s:%d/metrics", host, port)
+
+
+@beat_init.connect
+def _beat_start(**_: Any) -> None:
+    _refuse_unless_ready(SETTINGS)
 
 
 @worker_process_shutdown.connect

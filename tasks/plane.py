@@ -21,7 +21,7 @@ from typing import Protocol
 
 import redis
 
-from board import Board, open_board
+from board import Board, KanbanBoard, open_board
 from core.errors import TransientError
 from core.settings import Settings
 from store import PoolStore
@@ -190,6 +190,15 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 def worker_redis_url(settings: Settings) -> str:
     """Workers and beat always use Redis (broker, locks and markers alike): the local one by default."""
     return settings.redis_url or DEFAULT_REDIS_URL
+
+
+def check_ready(settings: Settings) -> None:
+    """The store and the board answer and are migrated, else ``NotReady`` or ``TransientError``."""
+    for target in (PoolStore.from_settings(settings), KanbanBoard(settings.board_url)):
+        try:
+            target.check_ready()
+        finally:
+            target.engine.dispose()
 
 
 def current() -> Plane:
