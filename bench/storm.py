@@ -30,7 +30,7 @@ from poolkeeper.embedded import CeleryProc, RedisServer, wait_for
 from store import PoolStore, queries, transitions
 from tasks import scan
 from tasks.celery import make_app
-from tasks.plane import Plane, RedisCoordination
+from tasks.plane import Plane, RedisCoordination, queue_name
 
 TICK = 0.25  # the scanner interval of the plane runs (POOL_TICK_SECONDS)
 POISON_TRIGGER = """
@@ -119,7 +119,7 @@ def run_plane(workdir: Path, n: int, redis: RedisServer, poisoned: int = 0, conc
         app = make_app(settings)
 
         def enqueue(pass_name: str, keys: list[Any]) -> None:
-            app.send_task("poolkeeper.process", (pass_name, keys), queue="maintenance")
+            app.send_task(f"{settings.namespace}.process", (pass_name, keys), queue=queue_name(settings))
 
         def tick() -> None:  # what beat's scanner does each tick
             scan.scan(plane, "expire", time.time(), enqueue)

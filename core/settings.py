@@ -8,6 +8,7 @@ a deployment fails loudly before any row is touched.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -18,6 +19,8 @@ from sqlalchemy.engine import make_url
 from core.errors import SettingsError
 
 T = TypeVar("T")
+# A namespace starts every Redis key, the queue and the task names: short, no separators of its own.
+NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ class Settings:
     metrics_port: int = 0
     # POOL_HTTP_HOST: the address the metrics exporter binds.
     http_host: str = "127.0.0.1"
+    # POOL_NAMESPACE: the deployment's name on a shared Redis: it starts every key, lock and
+    # marker, the queue and the Celery task names, so deployments never see each other's work.
+    namespace: str = "poolkeeper"
     # POOL_CHAOS_BOARD_BUSY_RATE: fraction of board calls failing as "busy" (demo, fault tests).
     chaos_board_busy_rate: float = 0.0
     # POOL_CHAOS_POISON_TASKS: comma-separated task ids whose every board call fails.
@@ -105,6 +111,12 @@ class Settings:
         )
         _check(self.metrics_port, "POOL_METRICS_PORT", lambda v: 0 <= v <= 65535, "a port or 0")
         _check(self.chaos_board_busy_rate, "POOL_CHAOS_BOARD_BUSY_RATE", lambda v: 0 <= v < 1, "in [0, 1)")
+        _check(
+            self.namespace,
+            "POOL_NAMESPACE",
+            lambda v: bool(NAMESPACE_RE.fullmatch(v)),
+            "1 to 32 letters, digits, '_' or '-', starting with a letter or digit",
+        )
         for name in ("database_url", "board_url"):
             if not getattr(self, name):
                 raise SettingsError(f"{_var(name)}: must not be empty")

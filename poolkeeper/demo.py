@@ -49,8 +49,10 @@ class DemoOptions:
 
 
 def demo_settings(opts: DemoOptions, workdir: Path, redis_url: str) -> Settings:
+    # Only the namespace comes from the environment: demos sharing one Redis keep apart.
+    shared = {k: v for k, v in os.environ.items() if k == "POOL_NAMESPACE"}
     return Settings.from_env(
-        {},
+        shared,
         database_url=f"sqlite:///{workdir}/pool.db",
         board_url=f"sqlite:///{workdir}/board.db",
         redis_url=redis_url,

@@ -6,12 +6,15 @@ directory of its own when the worker exports metrics, and builds the app.
 
 Settings: JSON only, late acks, reject on worker lost, prefetch 1, soft and
 hard time limits, a broker visibility timeout longer than any countdown,
-results ignored, one ``maintenance`` queue.
+results ignored, one queue, ``<POOL_NAMESPACE>.maintenance``. The task names,
+kombu's own keys and the control and event exchanges carry the namespace too,
+so deployments sharing one Redis never take each other's messages.
 
 Start-up refuses to serve, with one line on stderr and a non-zero exit before
 anything is consumed: a store or board that does not answer (75) or is not
-migrated (2). Nothing else runs at start-up: a worker or beat with poisoned
-rows in the store comes up and serves.
+migrated (2), and a worker told (``-Q``) to consume another queue (2). Nothing
+else runs at start-up: a worker or beat with poisoned rows in the store comes
+up and serves.
 """
 
 from __future__ import annotations
@@ -71,12 +74,13 @@ from tasks import failures, metrics, registry, runner, scan  # noqa: E402
 from tasks import plane as planes  # noqa: E402
 
 log = logging.getLogger("poolkeeper.maintenance")
-QUEUE = "maintenance"
-PROCESS_TASK = "poolkeeper.process"
+QUEUE = planes.queue_name(SETTINGS)
+PROCESS_TASK = f"{SETTINGS.namespace}.process"
 
 
 def make_app(settings: Settings) -> Celery:
-    celery = Celery("poolkeeper", broker=planes.worker_redis_url(settings))
+    ns, queue = settings.namespace, planes.queue_name(settings)
+    celery = Celery(ns, broker=planes.worker_redis_url(settings))
     celery.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -88,12 +92,22 @@ def make_app(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         task_time_limit=settings.task_time_limit,
         task_soft_time_limit=settings.task_time_limit * 0.8,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout,
+            # kombu's bookkeeping of delivered, unacknowledged messages: per deployment,
+            # so one never restores (redelivers) another's messages on its own timeout.
+            "unacked_key": f"{ns}:unacked",
+            "unacked_index_key": f"{ns}:unacked_index",
+            "unacked_mutex_key": f"{ns}:unacked_mutex",
+        },
         broker_connection_retry_on_startup=True,
-        task_default_queue=QUEUE,
-        task_queues=[Queue(QUEUE)],
+        task_default_queue=queue,
+        task_queues=[Queue(queue)],
+        control_exchange=ns,  # remote control and events reach this deployment's workers only
+        event_exchange=f"{ns}.events",
         worker_hijack_root_logger=True,
         beat_schedule=beat_schedule.schedule(settings, registry.PASSES),
+        beat_schedule_filename=f"{ns}-celerybeat-schedule",  # when beat is given no -s
     )
     return celery
 
@@ -116,8 +130,15 @@ def _fresh_plane_in_child(**_: Any) -> None:
 
 
 @worker_init.connect
-def _worker_start(**_: Any) -> None:
+def _worker_start(sender: Any = None, **_: Any) -> None:
     """Before the worker consumes anything: refuse to serve what this deployment cannot."""
+    consumed = sorted(sender.app.amqp.queues.consume_from) if sender is not None else [QUEUE]
+    if consumed != [QUEUE]:
+        _refuse(
+            f"-Q {','.join(consumed)}: this deployment's queue is {QUEUE} "
+            f"(POOL_NAMESPACE={SETTINGS.namespace}); start the worker without -Q",
+            2,
+        )
     _refuse_unless_ready(SETTINGS)
     if SETTINGS.metrics_port:
         host, port = SETTINGS.http_host, SETTINGS.metrics_port
@@ -142,7 +163,7 @@ def _enqueue(pass_name: str, keys: list[Any]) -> None:
     process.apply_async((pass_name, keys))
 
 
-@app.task(name=beat_schedule.SCAN_TASK)
+@app.task(name=beat_schedule.scan_task(SETTINGS))
 def scan_pass(pass_name: str) -> None:
     """Beat: run one pass's scanner and enqueue the keys it finds.
 

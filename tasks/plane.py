@@ -7,6 +7,10 @@ Coordination is three small things kept in Redis, all of them advisory
 - pending markers: at most one queued message per (pass, key);
 - ordinal reservations: an ordinal promised to a claim that is on its way.
 
+Every key starts with the deployment's namespace (``POOL_NAMESPACE``), as do
+its queue (``queue_name``) and task names, so deployments sharing one Redis
+never see each other's work.
+
 ``LocalCoordination`` is the same in one process, for ``poolctl maintain --once``
 without Redis and for unit tests.
 """
@@ -26,7 +30,6 @@ from core.errors import TransientError
 from core.settings import Settings
 from store import PoolStore
 
-PREFIX = "poolkeeper"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
@@ -51,6 +54,7 @@ class Coordination(Protocol):
 class RedisCoordination:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.r = client
+        self.prefix = settings.namespace
         self._release = client.register_script(_RELEASE)  # EVALSHA: the script is sent once
         self.lock_ms = int(settings.lock_ttl_seconds * 1000)
         # A marker outlives any message it stands for: a lost message is redelivered
@@ -62,7 +66,7 @@ class RedisCoordination:
         tokens = [uuid.uuid4().hex for _ in keys]
         with _redis_errors(), self.r.pipeline(transaction=False) as pipe:
             for key, token in zip(keys, tokens, strict=True):
-                pipe.set(f"{PREFIX}:lock:{key}", token, nx=True, px=self.lock_ms)
+                pipe.set(f"{self.prefix}:lock:{key}", token, nx=True, px=self.lock_ms)
             won = pipe.execute()
         return [token if ok else None for token, ok in zip(tokens, won, strict=True)]
 
@@ -71,34 +75,34 @@ class RedisCoordination:
             return
         with _redis_errors(), self.r.pipeline(transaction=False) as pipe:
             for key, token in held.items():
-                self._release(keys=[f"{PREFIX}:lock:{key}"], args=[token], client=pipe)
+                self._release(keys=[f"{self.prefix}:lock:{key}"], args=[token], client=pipe)
             pipe.execute()
 
     def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]:
         keys = list(keys)
         with _redis_errors(), self.r.pipeline(transaction=False) as pipe:
             for key in keys:
-                pipe.set(f"{PREFIX}:pending:{pass_name}:{key}", "1", nx=True, ex=self.pending_s)
+                pipe.set(f"{self.prefix}:pending:{pass_name}:{key}", "1", nx=True, ex=self.pending_s)
             won = pipe.execute()
         return [key for key, ok in zip(keys, won, strict=True) if ok]
 
     def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None:
-        names = [f"{PREFIX}:pending:{pass_name}:{key}" for key in keys]
+        names = [f"{self.prefix}:pending:{pass_name}:{key}" for key in keys]
         if names:
             with _redis_errors():
                 self.r.delete(*names)
 
     def is_pending(self, pass_name: str, key: str) -> bool:
         with _redis_errors():
-            return bool(self.r.exists(f"{PREFIX}:pending:{pass_name}:{key}"))
+            return bool(self.r.exists(f"{self.prefix}:pending:{pass_name}:{key}"))
 
     def reserve(self, ordinal: int) -> bool:
         with _redis_errors():
-            return bool(self.r.set(f"{PREFIX}:reserved:{ordinal}", "1", nx=True, ex=self.reserve_s))
+            return bool(self.r.set(f"{self.prefix}:reserved:{ordinal}", "1", nx=True, ex=self.reserve_s))
 
     def release(self, ordinal: int) -> None:
         with _redis_errors():
-            self.r.delete(f"{PREFIX}:reserved:{ordinal}")
+            self.r.delete(f"{self.prefix}:reserved:{ordinal}")
 
 
 class LocalCoordination:
@@ -185,6 +189,11 @@ _current_lock = threading.Lock()
 
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def queue_name(settings: Settings) -> str:
+    """The one maintenance queue of the deployment."""
+    return f"{settings.namespace}.maintenance"
 
 
 def worker_redis_url(settings: Settings) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -142,6 +143,54 @@ def test_demo_uses_the_redis_it_is_given(tmp_path: Path) -> None:
         server.stop()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert server.url in done.stdout and "\nlost: 0\n" in done.stdout
+
+
+@pytest.mark.integration
+def test_two_demos_on_one_redis_keep_to_their_own_namespace(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, bundled=True).start()  # one Redis, one db, for both deployments
+    client = server.client()
+    namespaces = ("blue", "green")
+    args = list(DEMO_ARGS)
+    args[args.index("--poison") + 1] = "0"  # a poisoned task is logged at ERROR by design
+    command = [sys.executable, "-c", "from poolkeeper.cli import main; main()", *args]
+    demos = {
+        ns: subprocess.Popen(
+            [*command, "--workdir", tmp_path / ns],
+            cwd=tmp_path,
+            env={**os.environ, "POOL_REDIS_URL": server.url, "POOL_NAMESPACE": ns},
+            stdout=(tmp_path / f"{ns}.out").open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for ns in namespaces
+    }
+    seen: set[str] = set()  # every Redis key either deployment wrote while they ran side by side
+    try:
+
+        def finished() -> bool:
+            seen.update(k.decode() for k in client.keys("*"))
+            return all(d.poll() is not None for d in demos.values())
+
+        wait_for("both demos to finish", finished, 300, every=0.2)
+    finally:
+        for d in demos.values():
+            if d.poll() is None:
+                d.terminate()  # the demo stops everything it started
+                d.wait(60)
+        server.stop()
+    for ns, d in demos.items():
+        out = _read(tmp_path / f"{ns}.out")
+        assert d.returncode == 0 and "\nlost: 0\n" in out, out[-3000:]
+        logs = "".join(_read(p) for p in sorted((tmp_path / ns).glob("worker*.log")))
+        assert "ERROR" not in logs, f"{ns}: {logs[-3000:]}"
+        assert re.search(r"results: .*finalized=", logs), f"{ns}'s worker processed its own results"
+        beat = "".join(_read(p) for p in sorted((tmp_path / ns).glob("beat*.log")))
+        assert set(re.findall(r"Sending due task \S+ \((\S+)\)", beat)) == {f"{ns}.scan"}
+    assert seen, "the demos used the Redis they were given"
+    # kombu's binding tables are named by exchange (so by namespace); one index of when
+    # expiring ones are due is kombu's own, shared by design, keyed by those names.
+    foreign = [k for k in seen if not re.match(r"(_kombu\.binding(_permanent)?\.)?(blue|green)[.:]", k)]
+    assert set(foreign) <= {"_kombu.binding_deadlines"}, f"keys outside both namespaces: {foreign}"
+    assert {k.split(":")[0] for k in seen if ":" in k} == set(namespaces)
 
 
 @pytest.mark.integration

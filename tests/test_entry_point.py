@@ -17,6 +17,7 @@ from board import KanbanBoard
 from core.settings import Settings
 from poolkeeper.embedded import ROOT, RedisServer, free_port
 from store import PoolStore
+from tasks.plane import queue_name
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +45,7 @@ def settings(tmp_path: Path, redis_server: RedisServer) -> Settings:
         tick_seconds=0.3,
         reconcile_seconds=1.0,
         task_time_limit=10.0,
+        namespace="entry",
     )
     PoolStore.from_settings(s).migrate()
     KanbanBoard(s.board_url).migrate()
@@ -90,7 +92,7 @@ def queued_message(settings: Settings) -> None:
     """A real message of this deployment, waiting on its queue before the worker starts."""
     from tasks.celery import make_app
 
-    make_app(settings).send_task("poolkeeper.process", ("expire", [1]), queue="maintenance")
+    make_app(settings).send_task(f"{settings.namespace}.process", ("expire", [1]), queue=queue_name(settings))
 
 
 def empty_sqlite(path: Path) -> str:
@@ -127,6 +129,13 @@ BAD_WORKERS: list[tuple[str, Any, list[str], int, str]] = [
         75,
         "poolkeeper: pool store: connection failed",
     ),
+    (
+        "a queue of another deployment",
+        lambda tmp: {},
+        ["-Q", "maintenance"],
+        2,
+        "poolkeeper: -Q maintenance: this deployment's queue is entry.maintenance",
+    ),
 ]
 
 
@@ -144,14 +153,14 @@ def test_a_worker_that_cannot_serve_refuses_to_start_and_consumes_nothing(
     line: str,
 ) -> None:
     queued_message(settings)
-    r, queue = redis_server.client(), "maintenance"
+    r, queue = redis_server.client(), queue_name(settings)
     assert r.llen(queue) == 1
     returncode, stderr = run_celery("worker", {**settings.env(), **bad(tmp_path)}, tmp_path, *extra)
     assert returncode == code, stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert stderr.startswith(line), stderr
     assert r.llen(queue) == 1, "the message was taken off its queue"
-    assert r.hlen("unacked") == 0, "the message was delivered"
+    assert r.hlen(f"{settings.namespace}:unacked") == 0, "the message was delivered"
     assert not (tmp_path / "typo.db").exists(), "the check created the database it looked for"
 
 
