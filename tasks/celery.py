@@ -64,7 +64,14 @@ _metrics_dir(SETTINGS)  # before prometheus_client is imported (below) it must b
 
 from celery import Celery, Task  # noqa: E402
 from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
-from celery.signals import beat_init, worker_init, worker_process_init, worker_process_shutdown  # noqa: E402
+from celery.signals import (  # noqa: E402
+    after_setup_logger,
+    beat_init,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+)
 from kombu.entity import Queue  # noqa: E402
 
 import beat_schedule  # noqa: E402
@@ -76,6 +83,10 @@ from tasks import plane as planes  # noqa: E402
 log = logging.getLogger("poolkeeper.maintenance")
 QUEUE = planes.queue_name(SETTINGS)
 PROCESS_TASK = f"{SETTINGS.namespace}.process"
+# Celery's per-message lines ("Task … received", "… succeeded in …"): most of an
+# INFO log, and nothing the project's own per-batch summaries do not say better.
+# Their failures are logged at ERROR by the same loggers and still show.
+CHATTY_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
 
 
 def make_app(settings: Settings) -> Celery:
@@ -146,12 +157,24 @@ def _worker_start(sender: Any = None, **_: Any) -> None:
             metrics.start_exporter(port, host, PoolStore.from_settings(SETTINGS))
         except OSError as err:
             _refuse(f"POOL_METRICS_PORT: cannot serve metrics on {host}:{port}: {err}", 2)
-        log.info("metrics on http://%s:%d/metrics", host, port)
+
+
+@worker_ready.connect
+def _worker_serving(**_: Any) -> None:
+    # Logged here, not in worker_init: only now has Celery set up logging.
+    if SETTINGS.metrics_port:
+        log.info("metrics on http://%s:%d/metrics", SETTINGS.http_host, SETTINGS.metrics_port)
 
 
 @beat_init.connect
 def _beat_start(**_: Any) -> None:
     _refuse_unless_ready(SETTINGS)
+
+
+@after_setup_logger.connect
+def _quiet_celery(**_: Any) -> None:
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @worker_process_shutdown.connect

@@ -1,8 +1,9 @@
-"""``celery -A tasks worker|beat`` as real processes: refusing what it cannot serve."""
+"""``celery -A tasks worker|beat`` as real processes: refusing what it cannot serve, quiet logs, no litter."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -13,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from board import KanbanBoard
+from board import KanbanBoard, TaskStatus
 from core.settings import Settings
-from poolkeeper.embedded import ROOT, RedisServer, free_port
+from poolkeeper.embedded import ROOT, CeleryProc, RedisServer, free_port, wait_for
+from poolkeeper.simulate import Faults, SimPool
 from store import PoolStore
 from tasks.plane import queue_name
 
@@ -172,3 +174,42 @@ def test_a_beat_that_cannot_serve_refuses_to_start(settings: Settings, tmp_path:
     assert line == "poolkeeper: pool store: not migrated (at no schema, head 0001); run `poolctl init`" + (
         " (nothing consumed)"
     )
+
+
+def test_worker_logs_summaries_not_messages_and_leaves_no_temp_dirs(
+    settings: Settings, tmp_path: Path
+) -> None:
+    temp = tmp_path / "tmp"  # the processes' temp folder, to see what they leave in it
+    temp.mkdir()
+    port = free_port()
+    env = {**settings.env(), "POOL_METRICS_PORT": str(port), "TMPDIR": str(temp)}
+    kanban, store = KanbanBoard(settings.board_url), PoolStore.from_settings(settings)
+    for i in range(4):
+        kanban.add_task("b", f"task {i}", task_id=f"t{i}")
+    worker = CeleryProc("worker", env, tmp_path, "w1")
+    beat = CeleryProc("beat", env, tmp_path, "beat")
+    pool = SimPool(store, Faults(work_seconds=0.05), seed=8)
+    try:
+        worker.wait_ready()
+        beat.wait_ready()
+        assert any(p.name.startswith("poolkeeper-metrics-") for p in temp.iterdir())
+        pool.start()
+        wait_for(
+            "every task done", lambda: {t.status for t in kanban.list_tasks("b")} == {TaskStatus.DONE}, 60
+        )
+        # a message the worker cannot process: its error must still reach the log
+        from tasks.celery import make_app
+
+        make_app(settings).send_task(f"{settings.namespace}.process", ("nosuch", [1]))
+        wait_for("the failure logged", lambda: "unknown pass 'nosuch'" in worker.text(), 30)
+    finally:
+        pool.stop()
+        worker.stop()
+        beat.stop()
+    log = worker.text()
+    assert worker.proc.returncode == 0 and beat.proc.returncode == 0
+    assert f"metrics on http://127.0.0.1:{port}/metrics" in log
+    assert re.search(r"results: .*finalized=\d", log), "the project's own summaries are kept"
+    assert not re.search(r"Task \S+ received|succeeded in \d", log), "per-message lines are quiet"
+    assert re.search(r"ERROR/.*unknown pass 'nosuch'", log), "errors are not hidden"
+    assert list(temp.iterdir()) == [], "a worker or beat left its temp files behind"
