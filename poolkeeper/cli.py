@@ -19,6 +19,7 @@ from rich.table import Table
 from board import KanbanBoard, TaskStatus
 from core.errors import InvalidInput, NotFound, PoolError, SettingsError, TransientError
 from core.settings import Settings
+from poolkeeper import operator
 from store import PoolStore, queries, transitions
 from store.models import RowState
 
@@ -274,9 +275,15 @@ def board_list(
 
 @board_app.command("cancel")
 def board_cancel(board: str, task_id: str) -> None:
-    """End a task for good (done, result {"cancelled": true})."""
-    task = _kanban().cancel_task(board, task_id)
-    out.print(f"{board}/{task_id} cancelled ({task.status.value})")
+    """End a task for good (done, result {"cancelled": true}); its pool row goes stale at once."""
+    got = operator.cancel(_kanban(), _store(), board, task_id, time.time())
+    if got.settled is not None:
+        pool = f"row {got.settled.row_id} ({got.settled.was}) is stale: its worker is fenced out"
+    elif got.left_to_reconcile is not None:
+        pool = f"its pool row is left to reconcile ({got.left_to_reconcile})"
+    else:
+        pool = "no live pool row"
+    out.print(f"{board}/{task_id} cancelled ({got.task.status.value}); {pool}")
 
 
 @board_app.command("unblock")

@@ -68,8 +68,9 @@ def test_board_commands_and_maintain_once_drive_a_task(tmp_path: Path) -> None:
     assert [(r["task_id"], r["ordinal"], r["attempt"]) for r in rows] == [("t1", 0, 1), ("t2", 1, 1)]
     tasks = {t["id"]: t for t in as_json(tmp_path, "board", "list", "b1")}
     assert tasks["t1"]["status"] == "running" and tasks["t1"]["run_id"] == 1
-    ok(tmp_path, "board", "cancel", "b1", "t1")
-    assert as_json(tmp_path, "maintain", "--once")["reconcile"] == {"stale": 1}
+    assert "row 1 (assigned) is stale" in ok(tmp_path, "board", "cancel", "b1", "t1")
+    assert as_json(tmp_path, "rows", "--state", "stale")[0]["task_id"] == "t1"  # at once, not at reconcile
+    assert as_json(tmp_path, "maintain", "--once")["reconcile"] == {}
     assert "requeued" in ok(tmp_path, "requeue", str(rows[1]["id"]))
     assert as_json(tmp_path, "status")["board"]["done"] == 1
 
