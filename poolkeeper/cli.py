@@ -70,6 +70,7 @@ def status(as_json: JsonOpt = False) -> None:
         free = queries.free_ordinals(s, store.pool_size)
         oldest = queries.oldest_in_state(s, RowState.LEASE_FAILED)
         quarantined = queries.quarantined_count(s)
+        held_by_quarantined = queries.quarantined_ordinals(s)
     board_counts = _kanban().counts_by_status()
     data = {
         "rows": counts,
@@ -77,6 +78,7 @@ def status(as_json: JsonOpt = False) -> None:
         "free_ordinals": free,
         "oldest_lease_failed_seconds": None if oldest is None else round(now - oldest, 1),
         "quarantined": quarantined,
+        "held_by_quarantined": held_by_quarantined,
         "board": board_counts,
     }
     table = Table(title="poolkeeper", show_header=False)
@@ -85,6 +87,8 @@ def status(as_json: JsonOpt = False) -> None:
     table.add_row("free ordinals", f"{len(free)}/{store.pool_size} {free}")
     table.add_row("oldest lease_failed", "-" if oldest is None else f"{now - oldest:.0f}s ago")
     table.add_row("quarantined", str(quarantined))
+    stuck = f"{held_by_quarantined} (see `poolctl abandon`)" if held_by_quarantined else "-"
+    table.add_row("ordinals held by quarantined rows", stuck)
     for st, n in board_counts.items():
         table.add_row(f"board {st}", str(n))
     _emit(data, table, as_json)
@@ -149,6 +153,18 @@ def requeue(row: Annotated[int, typer.Argument(help="Row id (see `poolctl rows`)
     with _store().session() as s:
         got = transitions.requeue(s, row)
     out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}, {got.state}) requeued")
+
+
+@app.command()
+def abandon(
+    row: Annotated[int, typer.Argument(help="Row id (see `poolctl rows`).")],
+    reason: Annotated[str, typer.Option(help="Why; it goes on the board.")] = operator.DEFAULT_ABANDON_REASON,
+) -> None:
+    """Give up on a row: park its exact run on the board, make the row stale, free its ordinal."""
+    got = operator.abandon(_kanban(), _store(), row, reason, time.time())
+    board = "parked" if got.parked else "had already moved the run on"
+    pool = f"ordinal {got.settled.ordinal} free" if got.settled else "settled meanwhile by the plane"
+    out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}) abandoned: board {board}; {pool}")
 
 
 @app.command()

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -53,9 +54,11 @@ def test_init_is_idempotent_and_status_has_a_stable_json_shape(tmp_path: Path) -
         "free_ordinals",
         "oldest_lease_failed_seconds",
         "quarantined",
+        "held_by_quarantined",
         "board",
     }
     assert status["free_ordinals"] == [0, 1] and status["rows"]["assigned"] == 0
+    assert status["held_by_quarantined"] == []
 
 
 def test_board_commands_and_maintain_once_drive_a_task(tmp_path: Path) -> None:
@@ -83,6 +86,8 @@ def test_board_commands_and_maintain_once_drive_a_task(tmp_path: Path) -> None:
         (("board", "unblock", "b1", "t9"), "b1/t9: no such task"),
         (("rows", "--state", "zombie"), "--state: unknown state 'zombie'"),
         (("board", "add", "b 1", "x"), "board: may hold only"),
+        (("abandon", "42"), "row 42: no such row"),
+        (("abandon", "1", "--reason", ""), "reason: must be 1 to 500 characters"),
     ],
 )
 def test_user_mistakes_are_one_clear_line_and_exit_2(
@@ -93,6 +98,30 @@ def test_user_mistakes_are_one_clear_line_and_exit_2(
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"poolctl: {done.stderr.strip().removeprefix('poolctl: ')}"]
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_abandon_frees_the_ordinal_a_quarantined_row_held_and_refuses_a_settled_row(tmp_path: Path) -> None:
+    ok(tmp_path, "init")
+    ok(tmp_path, "board", "add", "b1", "poisoned", "--id", "t1")
+    ok(tmp_path, "maintain", "--once")
+    with sqlite3.connect(tmp_path / "pool.db") as db:  # what repeated failures leave behind
+        db.execute("UPDATE assignments SET quarantined = 1, failures = 5, last_error = 'poisoned'")
+    status = as_json(tmp_path, "status")
+    assert (status["free_ordinals"], status["held_by_quarantined"]) == ([1], [0])
+    assert "[0] (see `poolctl abandon`)" in ok(tmp_path, "status")
+    done = poolctl(tmp_path, "abandon", "1", "--reason", "poisoned payload")
+    assert done.returncode == 0, done.stderr
+    assert "row 1 (b1/t1 run 1) abandoned: board parked; ordinal 0 free" in done.stdout
+    logged = "abandon: row 1 b1/t1 run 1 (assigned): abandoned by operator: poisoned payload"
+    assert done.stderr.strip() == logged
+    status = as_json(tmp_path, "status")
+    assert (status["free_ordinals"], status["held_by_quarantined"]) == ([0, 1], [])
+    [task] = as_json(tmp_path, "board", "list", "b1")
+    assert (task["status"], task["block_reason"]) == ("blocked", "abandoned by operator: poisoned payload")
+    again = poolctl(tmp_path, "abandon", "1")
+    assert again.returncode == 2 and again.stderr.strip() == (
+        "poolctl: row: row 1 is stale: a settled row is never abandoned"
+    )
 
 
 def test_a_bad_setting_names_the_variable(tmp_path: Path) -> None:

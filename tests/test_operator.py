@@ -1,15 +1,19 @@
-"""Operator moves that reach board and pool: cancel fences the holder out at once."""
+"""Operator moves that reach board and pool: cancel and abandon fence the holder out at once."""
 
 from __future__ import annotations
 
-import pytest
+import logging
 
-from board import KanbanBoard, TaskStatus
-from core.errors import StaleHolder, TransientError
+import pytest
+from sqlalchemy import text
+
+from board import FlakyBoard, KanbanBoard, TaskStatus
+from core.errors import InvalidInput, NotFound, StaleHolder, TransientError
 from poolkeeper import operator
 from store import Offer, PoolStore, queries, transitions
 from store.models import RowState
 from tasks.maintain import maintain_once
+from tasks.metrics import StoreCollector
 from tasks.plane import Plane
 from tests.factories import NOW, envelope, row_state
 
@@ -22,6 +26,16 @@ def given_running(store: PoolStore, kanban: KanbanBoard, task_id: str = "t1", or
     offer = store.offer(ordinal, now=NOW)
     assert offer is not None
     return offer
+
+
+def given_quarantined(store: PoolStore, row_id: int) -> None:
+    with store.session() as s:
+        s.execute(
+            text(
+                "UPDATE assignments SET quarantined = :q, failures = 5, last_error = 'poisoned' WHERE id = :i"
+            ),
+            {"q": True, "i": row_id},
+        )
 
 
 # --- cancel ----------------------------------------------------------------------
@@ -99,3 +113,81 @@ def test_settle_run_touches_only_the_exact_run_in_the_given_states(
             is None
         )
     assert row_state(store, offer.row_id)["state"] == "running"
+
+
+# --- abandon ---------------------------------------------------------------------
+
+
+def test_abandon_parks_the_exact_run_frees_the_ordinal_and_fences_the_holder(
+    store: PoolStore, kanban: KanbanBoard, caplog: pytest.LogCaptureFixture
+) -> None:
+    offer = given_running(store, kanban)
+    assert store.accept_result(envelope(offer, payload={"status": "done"}), now=NOW) == "applied"
+    given_quarantined(store, offer.row_id)
+    with store.session(readonly=True) as s:
+        assert queries.quarantined_ordinals(s) == [0]
+        assert queries.free_ordinals(s, store.pool_size) == [1, 2]
+    caplog.set_level(logging.WARNING, "poolkeeper.operator")
+    got = operator.abandon(kanban, store, offer.row_id, "poisoned result", NOW)
+    assert got.parked and got.settled is not None and got.settled.was == "result"
+    task = kanban.get_task("b", "t1")
+    assert task is not None and task.status is TaskStatus.BLOCKED
+    assert (task.block_kind, task.block_reason) == ("operator", "abandoned by operator: poisoned result")
+    row = row_state(store, offer.row_id)
+    assert (row["state"], row["quarantined"], row["result"]) == ("stale", False, None)
+    with store.session(readonly=True) as s:
+        assert queries.quarantined_ordinals(s) == []
+        assert queries.free_ordinals(s, store.pool_size) == [0, 1, 2]
+    [line] = [r.getMessage() for r in caplog.records if r.name == "poolkeeper.operator"]
+    assert line == f"abandon: row {offer.row_id} b/t1 run 1 (result): abandoned by operator: poisoned result"
+
+
+def test_abandon_settles_a_run_the_board_already_moved_on(store: PoolStore, kanban: KanbanBoard) -> None:
+    offer = given_running(store, kanban)
+    kanban.reassign_task("b", "t1", assignee="someone", lane="humans")  # run 2 now; run 1 moved on
+    got = operator.abandon(kanban, store, offer.row_id, "gone", NOW)
+    assert not got.parked and got.settled is not None
+    assert row_state(store, offer.row_id)["state"] == "stale"
+    task = kanban.get_task("b", "t1")
+    assert task is not None and task.status is TaskStatus.RUNNING and task.current_run_id == 2, (
+        "board untouched"
+    )
+    with pytest.raises(StaleHolder):
+        store.heartbeat(envelope(offer, "late"), now=NOW + 1)
+
+
+def test_abandon_changes_nothing_while_the_board_is_busy(store: PoolStore, kanban: KanbanBoard) -> None:
+    offer = given_running(store, kanban)
+    busy = FlakyBoard(kanban, busy_rate=1.0)
+    with pytest.raises(TransientError, match="board"):
+        operator.abandon(busy, store, offer.row_id, "later", NOW)
+    assert row_state(store, offer.row_id)["state"] == "running"
+    assert kanban.get_task("b", "t1").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+    assert store.heartbeat(envelope(offer, "still-mine"), now=NOW + 1) == "applied"
+
+
+@pytest.mark.parametrize("state", [RowState.FINALIZED, RowState.STALE])
+def test_abandon_refuses_a_settled_row(
+    store: PoolStore, kanban: KanbanBoard, make_row: object, state: RowState
+) -> None:
+    row = make_row(state)  # type: ignore[operator]
+    with pytest.raises(InvalidInput, match=f"row {row} is {state.value}: a settled row is never abandoned"):
+        operator.abandon(kanban, store, row, "x", NOW)
+    assert row_state(store, row)["state"] == state.value
+
+
+def test_abandon_refuses_an_unknown_row_or_an_empty_reason(store: PoolStore, kanban: KanbanBoard) -> None:
+    with pytest.raises(NotFound, match="row 42: no such row"):
+        operator.abandon(kanban, store, 42, "x", NOW)
+    offer = given_running(store, kanban)
+    with pytest.raises(InvalidInput, match="reason: must be 1 to 500 characters"):
+        operator.abandon(kanban, store, offer.row_id, " ", NOW)
+    assert row_state(store, offer.row_id)["state"] == "running"
+
+
+def test_ordinals_gauge_tells_free_held_and_quarantined(store: PoolStore, kanban: KanbanBoard) -> None:
+    first = given_running(store, kanban, "t1", 0)
+    given_running(store, kanban, "t2", 1)
+    given_quarantined(store, first.row_id)
+    [ordinals] = [m for m in StoreCollector(store).collect() if m.name == "poolkeeper_ordinals"]
+    assert {s.labels["state"]: s.value for s in ordinals.samples} == {"free": 1, "held": 1, "quarantined": 1}

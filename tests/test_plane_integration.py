@@ -365,6 +365,8 @@ def test_worker_exports_prometheus_metrics(env: PlaneEnv) -> None:
     assert 'poolkeeper_pass_outcomes_total{outcome="finalized",pass_name="results"}' in body
     assert 'poolkeeper_pass_outcomes_total{outcome="added",pass_name="materialize"}' in body
     assert "poolkeeper_quarantined_rows 0.0" in body
+    assert 'poolkeeper_ordinals{state="free"} 4.0' in body
+    assert 'poolkeeper_ordinals{state="quarantined"} 0.0' in body
     assert "poolkeeper_expiry_to_reoffer_seconds_bucket" in body
     labels = set(re.findall(r'poolkeeper_pass_outcomes_total\{outcome="([^"]*)",pass_name="([^"]*)"\}', body))
     allowed = {(o.value, p.name) for o in Outcome for p in registry.PASSES}
