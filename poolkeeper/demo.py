@@ -6,6 +6,10 @@ worker and beat, and simulated pool workers with injected faults. It ends when
 every task is done or parked (or its row quarantined), checks every claimed run
 against the store, prints a summary with an explicit ``lost:`` line, and exits
 non-zero if an invariant failed. Ctrl-C stops everything it started.
+
+As an operator would, it abandons a row that is quarantined while holding
+its ordinal (``poolctl abandon``): the run is parked on the board and the
+ordinal freed, so a pool smaller than its poisoned tasks still settles.
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ from rich.table import Table
 from sqlalchemy import text
 
 from board import KanbanBoard, TaskStatus
+from core.errors import PoolError
 from core.settings import Settings
+from poolkeeper import operator
 from poolkeeper.embedded import CeleryProc, RedisServer
 from poolkeeper.simulate import Faults, SimPool
 from store import PoolStore, queries
+from store.models import LIVE_STATES
 
 BOARD = "demo"
 
@@ -83,6 +90,7 @@ class Demo:
         self.procs: list[CeleryProc] = []
         self.pool: SimPool | None = None
         self.env: dict[str, str] = {}
+        self.abandoned: list[tuple[int, str, str]] = []  # row id, board/task, the error it was stuck on
 
     def run(self) -> int:
         started = time.monotonic()
@@ -140,12 +148,26 @@ class Demo:
                 live.update(progress_table(snap, time.monotonic() - started))
                 if snap["settled"]:
                     return True
+                self._abandon_stuck(store, kanban)  # before the next look: it may settle the pool
                 if time.monotonic() - started > self.opts.timeout:
                     return False
                 for i, proc in enumerate(self.procs):  # a supervisor's job, done here for the demo
                     if proc.crashed():
                         self.procs[i] = proc.restarted(self.env, self.workdir)
                 time.sleep(0.5)
+
+    def _abandon_stuck(self, store: PoolStore, kanban: KanbanBoard) -> None:
+        """What an operator does with a quarantined row that holds its ordinal: ``poolctl abandon``."""
+        live = {state.value for state in LIVE_STATES}
+        with store.session(readonly=True) as s:
+            stuck = [r for r in queries.rows(s, quarantined=True) if r.state in live]
+        for row in stuck:
+            error = row.last_error or ""
+            try:
+                operator.abandon(kanban, store, row.id, f"quarantined: {error[:200]}", time.time())
+            except PoolError:
+                continue  # busy, or settled meanwhile: looked at again next round
+            self.abandoned.append((row.id, f"{row.board}/{row.task_id}", error))
 
     def _summary(self, store: PoolStore, kanban: KanbanBoard, finished: bool, seconds: float) -> int:
         snap = snapshot(store, kanban)
@@ -163,6 +185,9 @@ class Demo:
         c.print(f"quarantined: {len(quarantined)}")
         for row in quarantined:
             c.print(f"  row {row.id} {row.board}/{row.task_id}: {(row.last_error or '')[:100]}")
+        c.print(f"abandoned:   {len(self.abandoned)} (quarantined rows holding an ordinal)")
+        for row_id, task, error in self.abandoned:
+            c.print(f"  row {row_id} {task}: {error[:100]}")
         c.print(f"re-offers:   {snap['reoffers']}")
         c.print(
             f"worker faults injected: crashes={self.pool.stats['crashes']} hangs={self.pool.stats['hangs']}"
@@ -185,15 +210,18 @@ def snapshot(store: PoolStore, kanban: KanbanBoard) -> dict[str, Any]:
         rows = queries.counts_by_state(s)
         reoffers = int(s.scalar(text("SELECT coalesce(sum(attempt - 1), 0) FROM assignments")) or 0)
         failing = int(s.scalar(text("SELECT count(*) FROM assignments WHERE failures > 0")) or 0)
-        quarantined = {r.task_id for r in queries.rows(s, quarantined=True)}
+        quarantined = queries.rows(s, quarantined=True)
+    live = {state.value for state in LIVE_STATES}
+    # A quarantined row that still holds its ordinal is not settled: the demo abandons it first.
+    given_up = {r.task_id for r in quarantined if r.state not in live}
     open_tasks = [t for t in kanban.list_tasks(BOARD) if t.status in (TaskStatus.READY, TaskStatus.RUNNING)]
-    settled = all(t.id in quarantined for t in open_tasks)
+    settled = all(t.id in given_up for t in open_tasks)
     return {
         "board": board,
         "rows": rows,
         "reoffers": reoffers,
         "failing": failing,
-        "quarantined": len(quarantined),
+        "quarantined": len({r.task_id for r in quarantined}),
         "settled": settled,
     }
 

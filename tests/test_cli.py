@@ -159,7 +159,18 @@ def test_demo_runs_to_its_summary_with_the_embedded_redis(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "embedded redis-server" in done.stdout
     assert "\nlost: 0\n" in done.stdout and "INVARIANT FAILED" not in done.stdout
-    assert "quarantined: 1" in done.stdout
+    # the poisoned task's row ends quarantined, or abandoned if it was holding its ordinal
+    given_up = re.search(r"\nquarantined: (\d+)\n(?:.*\n)*?abandoned: +(\d+) ", done.stdout)
+    assert given_up and int(given_up[1]) + int(given_up[2]) == 1, done.stdout[-3000:]
+
+
+@pytest.mark.integration
+def test_a_pool_smaller_than_its_poisoned_tasks_settles(tmp_path: Path) -> None:
+    args = ("demo", "--tasks", "5", "--poison", "3", "--pool-size", "2", "--seed", "3", "--timeout", "240")
+    done = poolctl(tmp_path, *args, "--workdir", str(tmp_path / "demo"), env={"POOL_REDIS_URL": ""})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "\nlost: 0\n" in done.stdout and "INVARIANT FAILED" not in done.stdout
+    assert re.search(r"\nabandoned: +[23] ", done.stdout), done.stdout[-3000:]  # each freed a held ordinal
 
 
 @pytest.mark.integration
