@@ -199,7 +199,10 @@ def demo(
     board_busy_rate: Annotated[float, typer.Option(min=0, max=0.9, help="Board calls failing busy.")] = 0.02,
     lease: Annotated[float, typer.Option(min=0.5, help="Lease seconds.")] = 3.0,
     timeout: Annotated[float, typer.Option(min=10, help="Give up after this many seconds.")] = 600,
-    workdir: Annotated[Path | None, typer.Option(help="Keep the databases and logs here.")] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(help="Keep the databases and logs here (a new or empty folder, or a past demo's)."),
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for the injected faults.")] = None,
 ) -> None:
     """Run the embedded end-to-end demo (no Redis or database to install)."""

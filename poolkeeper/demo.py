@@ -10,11 +10,17 @@ non-zero if an invariant failed. Ctrl-C stops everything it started.
 As an operator would, it abandons a row that is quarantined while holding
 its ordinal (``poolctl abandon``): the run is parked on the board and the
 ordinal freed, so a pool smaller than its poisoned tasks still settles.
+
+Files: a temporary folder, removed when the demo succeeds (kept, and named,
+when it fails). ``--workdir`` keeps them; it may be new, empty, or a folder a
+demo used before (whose files are replaced); anything else is refused.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -30,7 +36,7 @@ from rich.table import Table
 from sqlalchemy import text
 
 from board import KanbanBoard, TaskStatus
-from core.errors import PoolError
+from core.errors import InvalidInput, PoolError
 from core.settings import Settings
 from poolkeeper import operator
 from poolkeeper.embedded import CeleryProc, RedisServer
@@ -39,6 +45,8 @@ from store import PoolStore, queries
 from store.models import LIVE_STATES
 
 BOARD = "demo"
+# What a demo leaves in its folder: databases, logs (a restarted process gets an "r"), beat's schedule.
+DEMO_FILES = re.compile(r"(pool|board)\.db(-wal|-shm|-journal)?|(worker|beat)r*\.log|beatr*-schedule(\..+)?")
 
 
 @dataclass(frozen=True)
@@ -84,8 +92,9 @@ class Demo:
     def __init__(self, opts: DemoOptions, console: Console) -> None:
         self.opts = opts
         self.console = console
+        if opts.workdir is not None:
+            prepare_workdir(opts.workdir)
         self.workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="poolkeeper-demo-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
         self.redis: RedisServer | None = None
         self.procs: list[CeleryProc] = []
         self.pool: SimPool | None = None
@@ -97,14 +106,26 @@ class Demo:
         # SIGTERM stops the demo like Ctrl-C: through the finally below, leaving no process behind.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
+        code: int | None = None
         try:
             store, kanban = self._start()
             assert self.pool is not None
             finished = self._watch(store, kanban, started)
             self.pool.stop()
-            return self._summary(store, kanban, finished, time.monotonic() - started)
+            code = self._summary(store, kanban, finished, time.monotonic() - started)
+            return code
         finally:
             self.stop()
+            self._tidy(code)
+
+    def _tidy(self, code: int | None) -> None:
+        """A temporary folder goes when all went well; otherwise say where to look."""
+        if self.opts.workdir is not None:
+            return
+        if code == 0:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        else:
+            self.console.print(f"files kept in {self.workdir}")
 
     def _start(self) -> tuple[PoolStore, KanbanBoard]:
         redis_url = os.environ.get("POOL_REDIS_URL", "")
@@ -201,6 +222,23 @@ class Demo:
         if not finished:
             c.print(f"did not settle within {self.opts.timeout:.0f}s")
         return 0 if finished and not any(problems.values()) else 1
+
+
+def prepare_workdir(path: Path) -> None:
+    """A new or empty folder, or one a demo used before (its files go); else refuse, changing nothing."""
+    if path.exists() and not path.is_dir():
+        raise InvalidInput("--workdir", f"{path} is not a folder")
+    path.mkdir(parents=True, exist_ok=True)
+    found = sorted(p.name for p in path.iterdir())
+    others = [name for name in found if not DEMO_FILES.fullmatch(name)]
+    if others:
+        raise InvalidInput(
+            "--workdir",
+            f"{path} holds files a demo did not make ({', '.join(others[:3])}); "
+            "give a new or empty folder, or one a demo used before",
+        )
+    for name in found:
+        (path / name).unlink()
 
 
 def snapshot(store: PoolStore, kanban: KanbanBoard) -> dict[str, Any]:

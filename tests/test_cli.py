@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from board import KanbanBoard
 from poolkeeper.embedded import RedisServer, wait_for
 
 
@@ -165,12 +166,44 @@ def test_demo_runs_to_its_summary_with_the_embedded_redis(tmp_path: Path) -> Non
 
 
 @pytest.mark.integration
-def test_a_pool_smaller_than_its_poisoned_tasks_settles(tmp_path: Path) -> None:
+def test_a_pool_smaller_than_its_poisoned_tasks_settles_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"  # the demo's temp folder, to see what it leaves in it
+    temp.mkdir()
     args = ("demo", "--tasks", "5", "--poison", "3", "--pool-size", "2", "--seed", "3", "--timeout", "240")
-    done = poolctl(tmp_path, *args, "--workdir", str(tmp_path / "demo"), env={"POOL_REDIS_URL": ""})
+    done = poolctl(tmp_path, *args, env={"POOL_REDIS_URL": "", "TMPDIR": str(temp)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "\nlost: 0\n" in done.stdout and "INVARIANT FAILED" not in done.stdout
     assert re.search(r"\nabandoned: +[23] ", done.stdout), done.stdout[-3000:]  # each freed a held ordinal
+    assert list(temp.iterdir()) == [], "the demo left files in the temp folder"
+
+
+@pytest.mark.integration
+def test_demo_reuses_a_workdir_a_demo_left_behind(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    workdir.mkdir()
+    previous = KanbanBoard(f"sqlite:///{workdir}/board.db")  # a previous demo's board: its task ids are taken
+    previous.migrate()
+    previous.add_task("demo", "demo task 0", task_id="task-0000")
+    previous.engine.dispose()
+    (workdir / "worker.log").write_text("an old log\n")
+    args = ("demo", "--tasks", "3", "--poison", "0", "--pool-size", "2", "--timeout", "240")
+    done = poolctl(tmp_path, *args, "--workdir", str(workdir), env={"POOL_REDIS_URL": ""})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "\nlost: 0\n" in done.stdout and "an old log" not in _read(workdir / "worker.log")
+    assert (workdir / "pool.db").exists(), "a --workdir is kept"
+
+
+def test_demo_refuses_a_workdir_holding_files_it_did_not_make(tmp_path: Path) -> None:
+    workdir = tmp_path / "mine"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("keep me")
+    done = poolctl(tmp_path, "demo", "--workdir", str(workdir))
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"poolctl: --workdir: {workdir} holds files a demo did not make (notes.txt); "
+        "give a new or empty folder, or one a demo used before"
+    )
+    assert [p.name for p in workdir.iterdir()] == ["notes.txt"]
 
 
 @pytest.mark.integration
