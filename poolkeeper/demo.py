@@ -230,7 +230,7 @@ def prepare_workdir(path: Path) -> None:
         raise InvalidInput("--workdir", f"{path} is not a folder")
     path.mkdir(parents=True, exist_ok=True)
     found = sorted(p.name for p in path.iterdir())
-    others = [name for name in found if not DEMO_FILES.fullmatch(name)]
+    others = [name for name in found if not ((path / name).is_file() and DEMO_FILES.fullmatch(name))]
     if others:
         raise InvalidInput(
             "--workdir",
