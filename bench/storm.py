@@ -39,8 +39,8 @@ from core.settings import Settings
 from poolkeeper.embedded import CeleryProc, RedisServer, wait_for
 from store import PoolStore, queries, transitions
 from tasks import scan
-from tasks.celery import PROCESS_TASK, QUEUE, make_app
-from tasks.plane import Plane, RedisCoordination
+from tasks.celery import make_app
+from tasks.plane import Plane, RedisCoordination, process_task, queue_name
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 FAST_TICK = 0.25  # the scanner interval of the (a) runs; the default-settings runs use the default
@@ -169,7 +169,8 @@ class PlaneRun:
 
     def tick(self) -> None:
         def enqueue(pass_name: str, keys: list[Any]) -> None:
-            self.app.send_task(PROCESS_TASK, (pass_name, keys), queue=QUEUE)
+            task, queue = process_task(self.settings), queue_name(self.settings)
+            self.app.send_task(task, (pass_name, keys), queue=queue)
 
         scan.scan(self.plane, "expire", time.time(), enqueue)
 
@@ -212,7 +213,7 @@ def run_naive(workdir: Path, url: str, n: int, redis: RedisServer) -> float:
             due = queries.due_expired(s, now=time.time(), limit=n)
         start = time.perf_counter()
         for row_id in due:
-            app.send_task("naive.expire", (row_id,), queue=QUEUE)
+            app.send_task("naive.expire", (row_id,), queue="maintenance")  # bench.naive_plane's queue
         wait_for("the naive plane", lambda: running_left(store) == 0, 900, every=0.1)
         seconds = time.perf_counter() - start
     finally:

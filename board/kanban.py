@@ -38,6 +38,7 @@ class KanbanBoard:
         """``ConfigError`` unless ``migrate`` has set this board up (creates nothing)."""
         db.require_schema(self.engine, "board", "board", writable=writable)
 
+
     @contextmanager
     def _tx(self, *, readonly: bool = False) -> Iterator[Connection]:
         engine = db.readonly(self.engine) if readonly else self.engine

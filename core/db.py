@@ -23,7 +23,8 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import URL, Engine, MetaData, create_engine, event, inspect
+from alembic.script import ScriptDirectory
+from sqlalchemy import URL, Engine, MetaData, column, create_engine, event, inspect, select, table
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
@@ -186,9 +187,7 @@ def _short(err: BaseException) -> str:
 def migrate(engine: Engine, package: str, metadata: MetaData, what: str = "database") -> None:
     """Bring ``package``'s schema (``store`` or ``board``) to head; a no-op when already there."""
     require_creatable(engine, what)
-    cfg = Config()
-    cfg.set_main_option("script_location", f"{package}:migrations")
-    cfg.attributes["version_table"] = _version_table(package)
+    cfg = _alembic_config(package)
     cfg.attributes["target_metadata"] = metadata
     with transient_errors(what, engine.url), engine.begin() as conn:
         cfg.attributes["connection"] = conn
@@ -210,8 +209,9 @@ def require_creatable(engine: Engine, what: str) -> None:
 
 
 def require_schema(engine: Engine, package: str, what: str, *, writable: bool = False) -> None:
-    """``ConfigError`` unless ``migrate`` has set ``package``'s schema up (and, if asked, the
-    SQLite file is writable); creates nothing.
+    """``ConfigError`` unless ``migrate`` has brought ``package``'s schema to head (and, if
+    asked, the SQLite file is writable); creates nothing. A server that does not answer is
+    ``Unavailable`` (or ``TransientError`` when busy): worth waiting for, not a setting.
 
     A SQLite file is looked for before connecting, since connecting would create it.
     """
@@ -226,14 +226,27 @@ def require_schema(engine: Engine, package: str, what: str, *, writable: bool = 
             raise ConfigError(f"{where}: not readable by this user")
         if writable and not os.access(path, os.W_OK):
             raise ConfigError(f"{where}: read-only for this user")
+    versions = table(_version_table(package), column("version_num"))
     with transient_errors(what, engine.url), readonly(engine).connect() as conn:
-        found = inspect(conn).has_table(_version_table(package))
-    if not found:
+        found = inspect(conn).has_table(versions.name)
+        current = set(conn.scalars(select(versions.c.version_num))) if found else set()
+    if not current:
         raise missing
+    heads = set(ScriptDirectory.from_config(_alembic_config(package)).get_heads())
+    if current != heads:
+        at, head = ", ".join(sorted(current)), ", ".join(sorted(heads))
+        raise ConfigError(f"{where}: not migrated (at {at}, head {head}): run `poolctl init`")
 
 
 def _version_table(package: str) -> str:
     return f"{package}_alembic_version"
+
+
+def _alembic_config(package: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", f"{package}:migrations")
+    cfg.attributes["version_table"] = _version_table(package)
+    return cfg
 
 
 def _sqlite_file(url: URL) -> Path | None:

@@ -85,3 +85,22 @@ class InvalidInput(PoolError, ValueError):
 
 class NotFound(PoolError, LookupError):
     """An unknown row, board or task."""
+
+
+# What a command-line process exits with, by error class (first match wins): `poolctl`,
+# and a worker or beat that refuses to start. Anything else is 1 (an internal error).
+EXIT_CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, str], ...] = (
+    ((SettingsError, InvalidInput, NotFound), 2, ""),
+    (Unavailable, 69, ""),
+    (TransientError, 75, "busy, try again: "),
+    (LostRace, 75, "changed concurrently, try again: "),
+    (ConfigError, 78, ""),
+)
+
+
+def exit_code(err: Exception) -> tuple[int, str] | None:
+    """The exit code and one-line message for a refusal of ours, or None for anything else."""
+    for kinds, code, prefix in EXIT_CODES:
+        if isinstance(err, kinds):
+            return code, f"{prefix}{err}"
+    return None

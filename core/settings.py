@@ -8,13 +8,19 @@ a deployment fails loudly before any row is touched.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import make_url
+
 from core.errors import SettingsError
 
 T = TypeVar("T")
+# A namespace starts every Redis key, the queue and the task names: short, no separators of its own.
+NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,9 @@ class Settings:
     metrics_port: int = 0
     # POOL_HTTP_HOST: the address the metrics exporter binds.
     http_host: str = "127.0.0.1"
+    # POOL_NAMESPACE: the deployment's name on a shared Redis: it starts every key, lock and
+    # marker, the queue and the Celery task names, so deployments never see each other's work.
+    namespace: str = "poolkeeper"
     # POOL_CHAOS_BOARD_BUSY_RATE: fraction of board calls failing as "busy" (demo, fault tests).
     chaos_board_busy_rate: float = 0.0
     # POOL_CHAOS_POISON_TASKS: comma-separated task ids whose every board call fails.
@@ -107,9 +116,16 @@ class Settings:
         )
         _check(self.metrics_port, "POOL_METRICS_PORT", lambda v: 0 <= v <= 65535, "a port or 0")
         _check(self.chaos_board_busy_rate, "POOL_CHAOS_BOARD_BUSY_RATE", lambda v: 0 <= v < 1, "in [0, 1)")
+        _check(
+            self.namespace,
+            "POOL_NAMESPACE",
+            lambda v: bool(NAMESPACE_RE.fullmatch(v)),
+            "1 to 32 letters, digits, '_' or '-', starting with a letter or digit",
+        )
         for name in ("database_url", "board_url"):
             if not getattr(self, name):
                 raise SettingsError(f"{_var(name)}: must not be empty")
+            _check_database_url(getattr(self, name), _var(name))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -155,6 +171,14 @@ def _parse(raw: str, kind: type, var: str) -> Any:
             f"{var}: expected {'an integer' if kind is int else 'a number'}, got {raw!r}"
         ) from None
     return raw
+
+
+def _check_database_url(url: str, var: str) -> None:
+    """A URL SQLAlchemy can parse, of a dialect it knows. The URL is not echoed: it may hold a password."""
+    try:
+        make_url(url).get_dialect()
+    except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ValueError) as err:
+        raise SettingsError(f"{var}: not a database URL SQLAlchemy can open ({err})") from None
 
 
 def _check(value: T, var: str, ok: Callable[[T], bool], expected: str) -> None:

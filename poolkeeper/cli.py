@@ -1,6 +1,6 @@
 """``poolctl``: the operator's command line.
 
-Every failure is one line on stderr and an exit code from ``EXIT_CODES`` (the
+Every failure is one line on stderr and an exit code from ``core.errors.EXIT_CODES`` (the
 table in ``EPILOG`` and README "Operate"), never a traceback unless
 ``POOLCTL_DEBUG=1``. Only ``init`` creates a database.
 """
@@ -23,27 +23,13 @@ from rich.table import Table
 from board import KanbanBoard, TaskStatus
 from core import db, validate
 from core.db import mask_url
-from core.errors import (
-    ConfigError,
-    InvalidInput,
-    LostRace,
-    NotFound,
-    SettingsError,
-    TransientError,
-    Unavailable,
-)
+from core.errors import InvalidInput, NotFound, exit_code
 from core.settings import Settings
+from poolkeeper import operator
 from store import PoolStore, queries, transitions
 from store.models import RowState
 
 # The first class that matches decides; anything else is an internal error (exit 1).
-EXIT_CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, str], ...] = (
-    ((SettingsError, InvalidInput, NotFound), 2, ""),
-    (Unavailable, 69, ""),
-    (TransientError, 75, "busy, try again: "),
-    (LostRace, 75, "changed concurrently, try again: "),
-    (ConfigError, 78, ""),
-)
 EPILOG = """Exit codes:
 
 \b
@@ -143,6 +129,7 @@ def status(as_json: JsonOpt = False) -> None:
         free = queries.free_ordinals(s, store.pool_size)
         oldest = queries.oldest_in_state(s, RowState.LEASE_FAILED)
         quarantined = queries.quarantined_count(s)
+        held_by_quarantined = queries.quarantined_ordinals(s)
     board_counts = _kanban().counts_by_status()
     data = {
         "rows": counts,
@@ -150,6 +137,7 @@ def status(as_json: JsonOpt = False) -> None:
         "free_ordinals": free,
         "oldest_lease_failed_seconds": None if oldest is None else round(now - oldest, 1),
         "quarantined": quarantined,
+        "held_by_quarantined": held_by_quarantined,
         "board": board_counts,
     }
     table = Table(title="poolkeeper", show_header=False)
@@ -158,6 +146,8 @@ def status(as_json: JsonOpt = False) -> None:
     table.add_row("free ordinals", f"{len(free)}/{store.pool_size} {free}")
     table.add_row("oldest lease_failed", "-" if oldest is None else f"{now - oldest:.0f}s ago")
     table.add_row("quarantined", str(quarantined))
+    stuck = f"{held_by_quarantined} (see `poolctl abandon`)" if held_by_quarantined else "-"
+    table.add_row("ordinals held by quarantined rows", stuck)
     for st, n in board_counts.items():
         table.add_row(f"board {st}", str(n))
     _emit(data, table, as_json)
@@ -227,6 +217,18 @@ def requeue(
 
 
 @app.command()
+def abandon(
+    row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ID, help="Row id (see `poolctl rows`).")],
+    reason: Annotated[str, typer.Option(help="Why; it goes on the board.")] = operator.DEFAULT_ABANDON_REASON,
+) -> None:
+    """Give up on a row: park its exact run on the board, make the row stale, free its ordinal."""
+    got = operator.abandon(_kanban("write"), _store("write"), row, reason, time.time())
+    board = "parked" if got.parked else "had already moved the run on"
+    pool = f"ordinal {got.settled.ordinal} free" if got.settled else "settled meanwhile by the plane"
+    out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}) abandoned: board {board}; {pool}")
+
+
+@app.command()
 def maintain(
     once: Annotated[bool, typer.Option("--once", help="Run every pass once, in-process.")] = False,
     as_json: JsonOpt = False,
@@ -260,7 +262,10 @@ def demo(
     board_busy_rate: Annotated[float, typer.Option(min=0, max=0.9, help="Board calls failing busy.")] = 0.02,
     lease: Annotated[float, typer.Option(min=0.5, help="Lease seconds.")] = 3.0,
     timeout: Annotated[float, typer.Option(min=10, help="Give up after this many seconds.")] = 600,
-    workdir: Annotated[Path | None, typer.Option(help="Keep the databases and logs here.")] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(help="Keep the databases and logs here (a new or empty folder, or a past demo's)."),
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for the injected faults.")] = None,
 ) -> None:
     """Run the embedded end-to-end demo (no Redis or database to install)."""
@@ -359,9 +364,15 @@ def board_list(
 
 @board_app.command("cancel")
 def board_cancel(board: str, task_id: str) -> None:
-    """End a task for good (done, result {"cancelled": true})."""
-    task = _kanban("write").cancel_task(board, task_id)
-    out.print(f"{board}/{task_id} cancelled ({task.status.value})")
+    """End a task for good (done, result {"cancelled": true}); its pool row goes stale at once."""
+    got = operator.cancel(_kanban("write"), _store("write"), board, task_id, time.time())
+    if got.settled is not None:
+        pool = f"row {got.settled.row_id} ({got.settled.was}) is stale: its worker is fenced out"
+    elif got.left_to_reconcile is not None:
+        pool = f"its pool row is left to reconcile ({got.left_to_reconcile})"
+    else:
+        pool = "no live pool row"
+    out.print(f"{board}/{task_id} cancelled ({got.task.status.value}); {pool}")
 
 
 @board_app.command("unblock")
@@ -372,7 +383,7 @@ def board_unblock(board: str, task_id: str) -> None:
 
 
 def main() -> None:
-    """Entry point: every failure is one line on stderr and its exit code (``EXIT_CODES``)."""
+    """Entry point: every failure is one line on stderr and its exit code (``core.errors.EXIT_CODES``)."""
     try:
         _require_utf8(sys.argv[1:])
         code = app(prog_name="poolctl", standalone_mode=False)
@@ -392,9 +403,8 @@ def main() -> None:
 def _exit_code(err: Exception) -> tuple[int, str]:
     if os.environ.get("POOLCTL_DEBUG"):
         traceback.print_exc()
-    for kinds, code, prefix in EXIT_CODES:
-        if isinstance(err, kinds):
-            return code, f"{prefix}{err}"
+    if (ours := exit_code(err)) is not None:
+        return ours
     return 1, f"internal error: {type(err).__name__}: {err} (run with POOLCTL_DEBUG=1 for the traceback)"
 
 

@@ -6,11 +6,21 @@ worker and beat, and simulated pool workers with injected faults. It ends when
 every task is done or parked (or its row quarantined), checks every claimed run
 against the store, prints a summary with an explicit ``lost:`` line, and exits
 non-zero if an invariant failed. Ctrl-C stops everything it started.
+
+As an operator would, it abandons a row that is quarantined while holding
+its ordinal (``poolctl abandon``): the run is parked on the board and the
+ordinal freed, so a pool smaller than its poisoned tasks still settles.
+
+Files: a temporary folder, removed when the demo succeeds (kept, and named,
+when it fails). ``--workdir`` keeps them; it may be new, empty, or a folder a
+demo used before (whose files are replaced); anything else is refused.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -26,12 +36,17 @@ from rich.table import Table
 from sqlalchemy import text
 
 from board import KanbanBoard, TaskStatus
+from core.errors import InvalidInput, PoolError
 from core.settings import Settings
+from poolkeeper import operator
 from poolkeeper.embedded import CeleryProc, RedisServer
 from poolkeeper.simulate import Faults, SimPool
 from store import PoolStore, queries
+from store.models import LIVE_STATES
 
 BOARD = "demo"
+# What a demo leaves in its folder: databases, logs (a restarted process gets an "r"), beat's schedule.
+DEMO_FILES = re.compile(r"(pool|board)\.db(-wal|-shm|-journal)?|(worker|beat)r*\.log|beatr*-schedule(\..+)?")
 
 
 @dataclass(frozen=True)
@@ -49,8 +64,10 @@ class DemoOptions:
 
 
 def demo_settings(opts: DemoOptions, workdir: Path, redis_url: str) -> Settings:
+    # Only the namespace comes from the environment: demos sharing one Redis keep apart.
+    shared = {k: v for k, v in os.environ.items() if k == "POOL_NAMESPACE"}
     return Settings.from_env(
-        {},
+        shared,
         database_url=f"sqlite:///{workdir}/pool.db",
         board_url=f"sqlite:///{workdir}/board.db",
         redis_url=redis_url,
@@ -75,26 +92,40 @@ class Demo:
     def __init__(self, opts: DemoOptions, console: Console) -> None:
         self.opts = opts
         self.console = console
+        if opts.workdir is not None:
+            prepare_workdir(opts.workdir)
         self.workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="poolkeeper-demo-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
         self.redis: RedisServer | None = None
         self.procs: list[CeleryProc] = []
         self.pool: SimPool | None = None
         self.env: dict[str, str] = {}
+        self.abandoned: list[tuple[int, str, str]] = []  # row id, board/task, the error it was stuck on
 
     def run(self) -> int:
         started = time.monotonic()
         # SIGTERM stops the demo like Ctrl-C: through the finally below, leaving no process behind.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
+        code: int | None = None
         try:
             store, kanban = self._start()
             assert self.pool is not None
             finished = self._watch(store, kanban, started)
             self.pool.stop()
-            return self._summary(store, kanban, finished, time.monotonic() - started)
+            code = self._summary(store, kanban, finished, time.monotonic() - started)
+            return code
         finally:
             self.stop()
+            self._tidy(code)
+
+    def _tidy(self, code: int | None) -> None:
+        """A temporary folder goes when all went well; otherwise say where to look."""
+        if self.opts.workdir is not None:
+            return
+        if code == 0:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        else:
+            self.console.print(f"files kept in {self.workdir}")
 
     def _start(self) -> tuple[PoolStore, KanbanBoard]:
         redis_url = os.environ.get("POOL_REDIS_URL", "")
@@ -138,12 +169,26 @@ class Demo:
                 live.update(progress_table(snap, time.monotonic() - started))
                 if snap["settled"]:
                     return True
+                self._abandon_stuck(store, kanban)  # before the next look: it may settle the pool
                 if time.monotonic() - started > self.opts.timeout:
                     return False
                 for i, proc in enumerate(self.procs):  # a supervisor's job, done here for the demo
                     if proc.crashed():
                         self.procs[i] = proc.restarted(self.env, self.workdir)
                 time.sleep(0.5)
+
+    def _abandon_stuck(self, store: PoolStore, kanban: KanbanBoard) -> None:
+        """What an operator does with a quarantined row that holds its ordinal: ``poolctl abandon``."""
+        live = {state.value for state in LIVE_STATES}
+        with store.session(readonly=True) as s:
+            stuck = [r for r in queries.rows(s, quarantined=True) if r.state in live]
+        for row in stuck:
+            error = row.last_error or ""
+            try:
+                operator.abandon(kanban, store, row.id, f"quarantined: {error[:200]}", time.time())
+            except PoolError:
+                continue  # busy, or settled meanwhile: looked at again next round
+            self.abandoned.append((row.id, f"{row.board}/{row.task_id}", error))
 
     def _summary(self, store: PoolStore, kanban: KanbanBoard, finished: bool, seconds: float) -> int:
         snap = snapshot(store, kanban)
@@ -161,6 +206,9 @@ class Demo:
         c.print(f"quarantined: {len(quarantined)}")
         for row in quarantined:
             c.print(f"  row {row.id} {row.board}/{row.task_id}: {(row.last_error or '')[:100]}")
+        c.print(f"abandoned:   {len(self.abandoned)} (quarantined rows holding an ordinal)")
+        for row_id, task, error in self.abandoned:
+            c.print(f"  row {row_id} {task}: {error[:100]}")
         c.print(f"re-offers:   {snap['reoffers']}")
         c.print(
             f"worker faults injected: crashes={self.pool.stats['crashes']} hangs={self.pool.stats['hangs']}"
@@ -176,6 +224,23 @@ class Demo:
         return 0 if finished and not any(problems.values()) else 1
 
 
+def prepare_workdir(path: Path) -> None:
+    """A new or empty folder, or one a demo used before (its files go); else refuse, changing nothing."""
+    if path.exists() and not path.is_dir():
+        raise InvalidInput("--workdir", f"{path} is not a folder")
+    path.mkdir(parents=True, exist_ok=True)
+    found = sorted(p.name for p in path.iterdir())
+    others = [name for name in found if not ((path / name).is_file() and DEMO_FILES.fullmatch(name))]
+    if others:
+        raise InvalidInput(
+            "--workdir",
+            f"{path} holds files a demo did not make ({', '.join(others[:3])}); "
+            "give a new or empty folder, or one a demo used before",
+        )
+    for name in found:
+        (path / name).unlink()
+
+
 def snapshot(store: PoolStore, kanban: KanbanBoard) -> dict[str, Any]:
     """What the progress display and the end condition look at."""
     board = kanban.counts_by_status()
@@ -183,15 +248,18 @@ def snapshot(store: PoolStore, kanban: KanbanBoard) -> dict[str, Any]:
         rows = queries.counts_by_state(s)
         reoffers = int(s.scalar(text("SELECT coalesce(sum(attempt - 1), 0) FROM assignments")) or 0)
         failing = int(s.scalar(text("SELECT count(*) FROM assignments WHERE failures > 0")) or 0)
-        quarantined = {r.task_id for r in queries.rows(s, quarantined=True)}
+        quarantined = queries.rows(s, quarantined=True)
+    live = {state.value for state in LIVE_STATES}
+    # A quarantined row that still holds its ordinal is not settled: the demo abandons it first.
+    given_up = {r.task_id for r in quarantined if r.state not in live}
     open_tasks = [t for t in kanban.list_tasks(BOARD) if t.status in (TaskStatus.READY, TaskStatus.RUNNING)]
-    settled = all(t.id in quarantined for t in open_tasks)
+    settled = all(t.id in given_up for t in open_tasks)
     return {
         "board": board,
         "rows": rows,
         "reoffers": reoffers,
         "failing": failing,
-        "quarantined": len(quarantined),
+        "quarantined": len({r.task_id for r in quarantined}),
         "settled": settled,
     }
 

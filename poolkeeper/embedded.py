@@ -121,9 +121,7 @@ class CeleryProc:
         self.log = workdir / f"{name}.log"
         args = [sys.executable, "-m", "celery", "-A", app, kind, "-l", "info", "--logfile", str(self.log)]
         if kind == "worker":
-            args += [
-                "-Q",
-                "maintenance",
+            args += [  # no -Q: the app's one queue, in its namespace
                 "-c",
                 str(concurrency),
                 "-n",

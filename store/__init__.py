@@ -61,6 +61,7 @@ class PoolStore:
         """``ConfigError`` unless ``migrate`` has set this store up (creates nothing)."""
         db.require_schema(self.engine, "store", "pool store", writable=writable)
 
+
     @contextmanager
     def session(self, *, readonly: bool = False) -> Iterator[Session]:
         engine = db.readonly(self.engine) if readonly else self.engine

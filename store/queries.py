@@ -51,6 +51,11 @@ def free_ordinals(s: Session, pool_size: int) -> list[int]:
     return [o for o in range(pool_size) if o not in held]
 
 
+def quarantined_ordinals(s: Session) -> list[int]:
+    """Ordinals held by a live row that is quarantined: held until an operator acts."""
+    return sorted(s.scalars(select(A.ordinal).where(A.state.in_(_LIVE), A.quarantined)))
+
+
 def rows_of_board(s: Session, board: str, states: Iterable[RowState]) -> list[Assignment]:
     wanted = [state.value for state in states]
     return list(s.scalars(select(A).where(A.board == board, A.state.in_(wanted)).order_by(A.id)))

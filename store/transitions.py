@@ -1,5 +1,8 @@
 """The maintenance transitions: add a claimed run, expire a lease, settle, collect, requeue.
 
+``settle_run`` settles a row by its run's identity, for an operator's word
+about that exact run (a cancelled or abandoned run).
+
 Each function takes the caller's session (one short transaction), a ``now``
 (epoch seconds) and the values it needs; none opens a transaction of its own.
 Each is one guarded UPDATE that raises ``LostRace`` when it matches nothing;
@@ -8,7 +11,7 @@ nothing is ever written blind after a read (docs/design.md, "Transitions").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import Connection, delete, exc, select
@@ -152,6 +155,38 @@ def settle(
         updated_at=now,
         **CLEAR_BOOKKEEPING,
     )
+
+
+class Settled(NamedTuple):
+    row_id: int
+    ordinal: int
+    was: str  # the state the row left
+    attempt: int
+
+
+def settle_run(
+    s: Session, *, board: str, task_id: str, run_id: int, to: RowState, states: Iterable[RowState], now: float
+) -> Settled | None:
+    """Settle the run's row, if it is in one of ``states``; None if it has no such row.
+
+    For evidence about the exact run rather than one attempt of it (the board
+    cancelled or parked that run): the row is read with a row lock (``FOR
+    UPDATE``; SQLite's ``BEGIN IMMEDIATE`` already excludes other writers),
+    then ``settle`` is guarded on the state and attempt read, so a holder's
+    concurrent write either lands first or is refused after.
+    """
+    wanted = {state.value for state in states}
+    row = s.scalar(
+        select(A)
+        .where(A.board == board, A.task_id == task_id, A.run_id == run_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if row is None or row.state not in wanted:
+        return None
+    settled = Settled(row.id, row.ordinal, row.state, row.attempt)
+    settle(s, row.id, to, expect_state=settled.was, expect_attempt=settled.attempt, now=now)
+    return settled
 
 
 def collect_garbage(s: Session, *, retention_seconds: float, batch: int, now: float) -> tuple[int, int]:

@@ -6,8 +6,15 @@ directory of its own when the worker exports metrics, and builds the app.
 
 Settings: JSON only, late acks, reject on worker lost, prefetch 1, soft and
 hard time limits, a broker visibility timeout longer than any countdown,
-results ignored, one ``maintenance`` queue. Nothing runs at start-up: a worker
-or beat with poisoned rows in the store comes up and serves.
+results ignored, one queue, ``<POOL_NAMESPACE>.maintenance``. The task names,
+kombu's own keys and the control and event exchanges carry the namespace too,
+so deployments sharing one Redis never take each other's messages.
+
+Start-up refuses to serve, with one line on stderr and a non-zero exit before
+anything is consumed: a store or board that does not answer (75) or is not
+migrated (2), and a worker told (``-Q``) to consume another queue (2). Nothing
+else runs at start-up: a worker or beat with poisoned rows in the store comes
+up and serves.
 """
 
 from __future__ import annotations
@@ -19,18 +26,23 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, NoReturn
 
-from core.errors import SettingsError, TransientError
+from core.errors import PoolError, SettingsError, TransientError, exit_code
 from core.settings import Settings
+
+
+def _refuse(message: str, code: int) -> NoReturn:
+    # sys.__stderr__: Celery may already have pointed sys.stderr at its log.
+    print(f"poolkeeper: {message}", file=sys.__stderr__, flush=True)
+    raise SystemExit(code)
 
 
 def _settings() -> Settings:
     try:
         return Settings.from_env()
     except SettingsError as err:
-        print(f"poolkeeper: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _refuse(str(err), 2)
 
 
 def _metrics_dir(settings: Settings) -> None:
@@ -52,7 +64,14 @@ _metrics_dir(SETTINGS)  # before prometheus_client is imported (below) it must b
 
 from celery import Celery, Task  # noqa: E402
 from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown  # noqa: E402
+from celery.signals import (  # noqa: E402
+    after_setup_logger,
+    beat_init,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+)
 from kombu.entity import Queue  # noqa: E402
 
 import beat_schedule  # noqa: E402
@@ -62,12 +81,17 @@ from tasks import failures, metrics, registry, runner, scan  # noqa: E402
 from tasks import plane as planes  # noqa: E402
 
 log = logging.getLogger("poolkeeper.maintenance")
-QUEUE = "maintenance"
-PROCESS_TASK = "poolkeeper.process"
+QUEUE = planes.queue_name(SETTINGS)
+PROCESS_TASK = planes.process_task(SETTINGS)
+# Celery's per-message lines ("Task … received", "… succeeded in …"): most of an
+# INFO log, and nothing the project's own per-batch summaries do not say better.
+# Their failures are logged at ERROR by the same loggers and still show.
+CHATTY_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
 
 
 def make_app(settings: Settings) -> Celery:
-    celery = Celery("poolkeeper", broker=planes.worker_redis_url(settings))
+    ns, queue = settings.namespace, planes.queue_name(settings)
+    celery = Celery(ns, broker=planes.worker_redis_url(settings))
     celery.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -79,17 +103,35 @@ def make_app(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         task_time_limit=settings.task_time_limit,
         task_soft_time_limit=settings.task_time_limit * 0.8,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout,
+            # kombu's bookkeeping of delivered, unacknowledged messages: per deployment,
+            # so one never restores (redelivers) another's messages on its own timeout.
+            "unacked_key": f"{ns}:unacked",
+            "unacked_index_key": f"{ns}:unacked_index",
+            "unacked_mutex_key": f"{ns}:unacked_mutex",
+        },
         broker_connection_retry_on_startup=True,
-        task_default_queue=QUEUE,
-        task_queues=[Queue(QUEUE)],
+        task_default_queue=queue,
+        task_queues=[Queue(queue)],
+        control_exchange=ns,  # remote control and events reach this deployment's workers only
+        event_exchange=f"{ns}.events",
         worker_hijack_root_logger=True,
         beat_schedule=beat_schedule.schedule(settings, registry.PASSES),
+        beat_schedule_filename=f"{ns}-celerybeat-schedule",  # when beat is given no -s
     )
     return celery
 
 
 app = make_app(SETTINGS)
+
+
+def _refuse_unless_ready(settings: Settings) -> None:
+    try:
+        planes.check_ready(settings)
+    except PoolError as err:
+        code, message = exit_code(err) or (1, str(err))
+        _refuse(f"{message} (nothing consumed)", code)
 
 
 @worker_process_init.connect
@@ -98,11 +140,40 @@ def _fresh_plane_in_child(**_: Any) -> None:
 
 
 @worker_init.connect
-def _worker_start(**_: Any) -> None:
+def _worker_start(sender: Any = None, **_: Any) -> None:
+    """Before the worker consumes anything: refuse to serve what this deployment cannot."""
+    consumed = sorted(sender.app.amqp.queues.consume_from) if sender is not None else [QUEUE]
+    if consumed != [QUEUE]:
+        _refuse(
+            f"-Q {','.join(consumed)}: this deployment's queue is {QUEUE} "
+            f"(POOL_NAMESPACE={SETTINGS.namespace}); start the worker without -Q",
+            2,
+        )
+    _refuse_unless_ready(SETTINGS)
     if SETTINGS.metrics_port:
-        store = PoolStore.from_settings(SETTINGS)
-        metrics.start_exporter(SETTINGS.metrics_port, SETTINGS.http_host, store)
+        host, port = SETTINGS.http_host, SETTINGS.metrics_port
+        try:
+            metrics.start_exporter(port, host, PoolStore.from_settings(SETTINGS))
+        except OSError as err:
+            _refuse(f"POOL_METRICS_PORT: cannot serve metrics on {host}:{port}: {err}", 2)
+
+
+@worker_ready.connect
+def _worker_serving(**_: Any) -> None:
+    # Logged here, not in worker_init: only now has Celery set up logging.
+    if SETTINGS.metrics_port:
         log.info("metrics on http://%s:%d/metrics", SETTINGS.http_host, SETTINGS.metrics_port)
+
+
+@beat_init.connect
+def _beat_start(**_: Any) -> None:
+    _refuse_unless_ready(SETTINGS)
+
+
+@after_setup_logger.connect
+def _quiet_celery(**_: Any) -> None:
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @worker_process_shutdown.connect
@@ -114,7 +185,7 @@ def _enqueue(pass_name: str, keys: list[Any]) -> None:
     process.apply_async((pass_name, keys))
 
 
-@app.task(name=beat_schedule.SCAN_TASK)
+@app.task(name=beat_schedule.scan_task(SETTINGS))
 def scan_pass(pass_name: str) -> None:
     """Beat: run one pass's scanner and enqueue the keys it finds.
 

@@ -3,9 +3,10 @@
 A worker exports them on ``POOL_METRICS_PORT`` (0 = off). Counters and the
 histogram are kept in each prefork child and aggregated through
 ``PROMETHEUS_MULTIPROC_DIR`` (the Celery entry point sets it before this
-module loads). Rows by state and the quarantined count are read from the
-store at scrape time. Every label value comes from a closed set: pass names
-from the registry, outcomes from ``tasks.declaration.Outcome``.
+module loads). Rows by state, the quarantined count and the ordinals (free,
+held, held by a quarantined row) are read from the store at scrape time.
+Every label value comes from a closed set: pass names from the registry,
+outcomes from ``tasks.declaration.Outcome``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class StoreCollector:
         with self.store.session(readonly=True) as s:
             counts = queries.counts_by_state(s)
             quarantined = queries.quarantined_count(s)
+            free = len(queries.free_ordinals(s, self.store.pool_size))
+            stuck = len(queries.quarantined_ordinals(s))
         rows = GaugeMetricFamily("poolkeeper_rows", "Pool store rows by state.", labels=["state"])
         for state, n in counts.items():
             rows.add_metric([state], n)
@@ -52,6 +55,15 @@ class StoreCollector:
         yield GaugeMetricFamily(
             "poolkeeper_quarantined_rows", "Rows quarantined after repeated failures.", value=quarantined
         )
+        ordinals = GaugeMetricFamily(
+            "poolkeeper_ordinals",
+            "Ordinals: free, held by a healthy live row, or held by a quarantined one (an operator's call).",
+            labels=["state"],
+        )
+        held = self.store.pool_size - free - stuck
+        for state, n in (("free", free), ("held", held), ("quarantined", stuck)):
+            ordinals.add_metric([state], n)
+        yield ordinals
 
 
 def start_exporter(port: int, host: str, store: Any) -> None:

@@ -7,6 +7,10 @@ Coordination is three small things kept in Redis, all of them advisory
 - pending markers: at most one queued message per (pass, key);
 - ordinal reservations: an ordinal promised to a claim that is on its way.
 
+Every key starts with the deployment's namespace (``POOL_NAMESPACE``), as do
+its queue (``queue_name``) and task names, so deployments sharing one Redis
+never see each other's work.
+
 ``LocalCoordination`` is the same in one process, for ``poolctl maintain --once``
 without Redis and for unit tests.
 """
@@ -27,7 +31,6 @@ from core.errors import ConfigError, TransientError, Unavailable
 from core.settings import Settings
 from store import PoolStore
 
-PREFIX = "poolkeeper"
 # A whole batch's locks in one round trip and one command: one token per batch, the
 # indexes (1-based) of the keys it won come back. Released only where the token still holds.
 _LOCK = """
@@ -79,6 +82,7 @@ class Coordination(Protocol):
 class RedisCoordination:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.r = client
+        self.prefix = settings.namespace
         # EVALSHA: each script is sent once, then named by its digest
         self._lock, self._unlock, self._mark = (client.register_script(s) for s in (_LOCK, _UNLOCK, _MARK))
         self.lock_ms = int(settings.lock_ttl_seconds * 1000)
@@ -93,13 +97,13 @@ class RedisCoordination:
             return []
         token = uuid.uuid4().hex
         with _redis_errors():
-            won = set(self._lock(keys=[f"{PREFIX}:lock:{k}" for k in keys], args=[token, self.lock_ms]))
+            won = set(self._lock(keys=[f"{self.prefix}:lock:{k}" for k in keys], args=[token, self.lock_ms]))
         return [token if i in won else None for i in range(1, len(keys) + 1)]
 
     def unlock_many(self, held: dict[str, str]) -> None:
         by_token: dict[str, list[str]] = {}
         for key, token in held.items():
-            by_token.setdefault(token, []).append(f"{PREFIX}:lock:{key}")
+            by_token.setdefault(token, []).append(f"{self.prefix}:lock:{key}")
         with _redis_errors():
             for token, names in by_token.items():
                 self._unlock(keys=names, args=[token])
@@ -108,28 +112,28 @@ class RedisCoordination:
         keys = list(keys)
         if not keys:
             return []
-        names = [f"{PREFIX}:pending:{pass_name}:{k}" for k in keys]
+        names = [f"{self.prefix}:pending:{pass_name}:{k}" for k in keys]
         with _redis_errors():
             fresh = self._mark(keys=names, args=[self.pending_s])
         return [keys[i - 1] for i in fresh]
 
     def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None:
-        names = [f"{PREFIX}:pending:{pass_name}:{key}" for key in keys]
+        names = [f"{self.prefix}:pending:{pass_name}:{key}" for key in keys]
         if names:
             with _redis_errors():
                 self.r.delete(*names)
 
     def is_pending(self, pass_name: str, key: str) -> bool:
         with _redis_errors():
-            return bool(self.r.exists(f"{PREFIX}:pending:{pass_name}:{key}"))
+            return bool(self.r.exists(f"{self.prefix}:pending:{pass_name}:{key}"))
 
     def reserve(self, ordinal: int) -> bool:
         with _redis_errors():
-            return bool(self.r.set(f"{PREFIX}:reserved:{ordinal}", "1", nx=True, ex=self.reserve_s))
+            return bool(self.r.set(f"{self.prefix}:reserved:{ordinal}", "1", nx=True, ex=self.reserve_s))
 
     def release(self, ordinal: int) -> None:
         with _redis_errors():
-            self.r.delete(f"{PREFIX}:reserved:{ordinal}")
+            self.r.delete(f"{self.prefix}:reserved:{ordinal}")
 
     def ping(self) -> None:
         with _redis_errors(self.where):
@@ -240,9 +244,29 @@ _current_lock = threading.Lock()
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+def queue_name(settings: Settings) -> str:
+    """The one maintenance queue of the deployment."""
+    return f"{settings.namespace}.maintenance"
+
+
+def process_task(settings: Settings) -> str:
+    """The name of the per-key task (``tasks.celery.process``) in the deployment's namespace."""
+    return f"{settings.namespace}.process"
+
+
 def worker_redis_url(settings: Settings) -> str:
     """Workers and beat always use Redis (broker, locks and markers alike): the local one by default."""
     return settings.redis_url or DEFAULT_REDIS_URL
+
+
+def check_ready(settings: Settings) -> None:
+    """The store and the board answer and are migrated to head: else ``ConfigError`` (a setting
+    or ``poolctl init`` is missing) or ``TransientError``/``Unavailable`` (worth waiting for)."""
+    for target in (PoolStore.from_settings(settings), KanbanBoard(settings.board_url)):
+        try:
+            target.require_schema(writable=True)
+        finally:
+            target.engine.dispose()
 
 
 def current() -> Plane:

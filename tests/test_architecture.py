@@ -84,9 +84,9 @@ def test_importing_any_module_but_the_entry_point_does_nothing() -> None:
 def test_every_registered_pass_is_scheduled_and_run_by_maintain_once(plane: Plane) -> None:
     names = [p.name for p in registry.PASSES]
     assert len(set(names)) == len(names)
-    entries = beat_schedule.schedule(Settings(), registry.PASSES)
+    entries = beat_schedule.schedule(Settings(namespace="ns1"), registry.PASSES)
     assert sorted(e["args"][0] for e in entries.values()) == sorted(names)
-    assert all(e["task"] == beat_schedule.SCAN_TASK for e in entries.values())
+    assert all(e["task"] == "ns1.scan" for e in entries.values())
     assert list(maintain_once(plane, 0.0)) == names
 
 

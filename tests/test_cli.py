@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from board import KanbanBoard
 from poolkeeper.embedded import RedisServer, wait_for
 
 
@@ -52,9 +55,11 @@ def test_init_is_idempotent_and_status_has_a_stable_json_shape(tmp_path: Path) -
         "free_ordinals",
         "oldest_lease_failed_seconds",
         "quarantined",
+        "held_by_quarantined",
         "board",
     }
     assert status["free_ordinals"] == [0, 1] and status["rows"]["assigned"] == 0
+    assert status["held_by_quarantined"] == []
 
 
 def test_board_commands_and_maintain_once_drive_a_task(tmp_path: Path) -> None:
@@ -67,8 +72,9 @@ def test_board_commands_and_maintain_once_drive_a_task(tmp_path: Path) -> None:
     assert [(r["task_id"], r["ordinal"], r["attempt"]) for r in rows] == [("t1", 0, 1), ("t2", 1, 1)]
     tasks = {t["id"]: t for t in as_json(tmp_path, "board", "list", "b1")}
     assert tasks["t1"]["status"] == "running" and tasks["t1"]["run_id"] == 1
-    ok(tmp_path, "board", "cancel", "b1", "t1")
-    assert as_json(tmp_path, "maintain", "--once")["reconcile"] == {"stale": 1}
+    assert "row 1 (assigned) is stale" in ok(tmp_path, "board", "cancel", "b1", "t1")
+    assert as_json(tmp_path, "rows", "--state", "stale")[0]["task_id"] == "t1"  # at once, not at reconcile
+    assert as_json(tmp_path, "maintain", "--once")["reconcile"] == {}
     assert "requeued" in ok(tmp_path, "requeue", str(rows[1]["id"]))
     assert as_json(tmp_path, "status")["board"]["done"] == 1
 
@@ -81,6 +87,8 @@ def test_board_commands_and_maintain_once_drive_a_task(tmp_path: Path) -> None:
         (("board", "unblock", "b1", "t9"), "b1/t9: no such task"),
         (("rows", "--state", "zombie"), "--state: unknown state 'zombie'"),
         (("board", "add", "b 1", "x"), "board: may hold only"),
+        (("abandon", "42"), "row 42: no such row"),
+        (("abandon", "1", "--reason", ""), "reason: must be 1 to 500 characters"),
     ],
 )
 def test_user_mistakes_are_one_clear_line_and_exit_2(
@@ -91,6 +99,30 @@ def test_user_mistakes_are_one_clear_line_and_exit_2(
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"poolctl: {done.stderr.strip().removeprefix('poolctl: ')}"]
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_abandon_frees_the_ordinal_a_quarantined_row_held_and_refuses_a_settled_row(tmp_path: Path) -> None:
+    ok(tmp_path, "init")
+    ok(tmp_path, "board", "add", "b1", "poisoned", "--id", "t1")
+    ok(tmp_path, "maintain", "--once")
+    with sqlite3.connect(tmp_path / "pool.db") as db:  # what repeated failures leave behind
+        db.execute("UPDATE assignments SET quarantined = 1, failures = 5, last_error = 'poisoned'")
+    status = as_json(tmp_path, "status")
+    assert (status["free_ordinals"], status["held_by_quarantined"]) == ([1], [0])
+    assert "[0] (see `poolctl abandon`)" in ok(tmp_path, "status")
+    done = poolctl(tmp_path, "abandon", "1", "--reason", "poisoned payload")
+    assert done.returncode == 0, done.stderr
+    assert "row 1 (b1/t1 run 1) abandoned: board parked; ordinal 0 free" in done.stdout
+    logged = "abandon: row 1 b1/t1 run 1 (assigned): abandoned by operator: poisoned payload"
+    assert done.stderr.strip() == logged
+    status = as_json(tmp_path, "status")
+    assert (status["free_ordinals"], status["held_by_quarantined"]) == ([0, 1], [])
+    [task] = as_json(tmp_path, "board", "list", "b1")
+    assert (task["status"], task["block_reason"]) == ("blocked", "abandoned by operator: poisoned payload")
+    again = poolctl(tmp_path, "abandon", "1")
+    assert again.returncode == 2 and again.stderr.strip() == (
+        "poolctl: row: row 1 is stale: a settled row is never abandoned"
+    )
 
 
 def test_a_bad_setting_names_the_variable(tmp_path: Path) -> None:
@@ -128,7 +160,50 @@ def test_demo_runs_to_its_summary_with_the_embedded_redis(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "embedded redis-server" in done.stdout
     assert "\nlost: 0\n" in done.stdout and "INVARIANT FAILED" not in done.stdout
-    assert "quarantined: 1" in done.stdout
+    # the poisoned task's row ends quarantined, or abandoned if it was holding its ordinal
+    given_up = re.search(r"\nquarantined: (\d+)\n(?:.*\n)*?abandoned: +(\d+) ", done.stdout)
+    assert given_up and int(given_up[1]) + int(given_up[2]) == 1, done.stdout[-3000:]
+
+
+@pytest.mark.integration
+def test_a_pool_smaller_than_its_poisoned_tasks_settles_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"  # the demo's temp folder, to see what it leaves in it
+    temp.mkdir()
+    args = ("demo", "--tasks", "5", "--poison", "3", "--pool-size", "2", "--seed", "3", "--timeout", "240")
+    done = poolctl(tmp_path, *args, env={"POOL_REDIS_URL": "", "TMPDIR": str(temp)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "\nlost: 0\n" in done.stdout and "INVARIANT FAILED" not in done.stdout
+    assert re.search(r"\nabandoned: +[23] ", done.stdout), done.stdout[-3000:]  # each freed a held ordinal
+    assert list(temp.iterdir()) == [], "the demo left files in the temp folder"
+
+
+@pytest.mark.integration
+def test_demo_reuses_a_workdir_a_demo_left_behind(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    workdir.mkdir()
+    previous = KanbanBoard(f"sqlite:///{workdir}/board.db")  # a previous demo's board: its task ids are taken
+    previous.migrate()
+    previous.add_task("demo", "demo task 0", task_id="task-0000")
+    previous.engine.dispose()
+    (workdir / "worker.log").write_text("an old log\n")
+    args = ("demo", "--tasks", "3", "--poison", "0", "--pool-size", "2", "--timeout", "240")
+    done = poolctl(tmp_path, *args, "--workdir", str(workdir), env={"POOL_REDIS_URL": ""})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "\nlost: 0\n" in done.stdout and "an old log" not in _read(workdir / "worker.log")
+    assert (workdir / "pool.db").exists(), "a --workdir is kept"
+
+
+def test_demo_refuses_a_workdir_holding_files_it_did_not_make(tmp_path: Path) -> None:
+    workdir = tmp_path / "mine"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("keep me")
+    done = poolctl(tmp_path, "demo", "--workdir", str(workdir))
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"poolctl: --workdir: {workdir} holds files a demo did not make (notes.txt); "
+        "give a new or empty folder, or one a demo used before"
+    )
+    assert [p.name for p in workdir.iterdir()] == ["notes.txt"]
 
 
 @pytest.mark.integration
@@ -142,6 +217,54 @@ def test_demo_uses_the_redis_it_is_given(tmp_path: Path) -> None:
         server.stop()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert server.url in done.stdout and "\nlost: 0\n" in done.stdout
+
+
+@pytest.mark.integration
+def test_two_demos_on_one_redis_keep_to_their_own_namespace(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, bundled=True).start()  # one Redis, one db, for both deployments
+    client = server.client()
+    namespaces = ("blue", "green")
+    args = list(DEMO_ARGS)
+    args[args.index("--poison") + 1] = "0"  # a poisoned task is logged at ERROR by design
+    command = [sys.executable, "-c", "from poolkeeper.cli import main; main()", *args]
+    demos = {
+        ns: subprocess.Popen(
+            [*command, "--workdir", tmp_path / ns],
+            cwd=tmp_path,
+            env={**os.environ, "POOL_REDIS_URL": server.url, "POOL_NAMESPACE": ns},
+            stdout=(tmp_path / f"{ns}.out").open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for ns in namespaces
+    }
+    seen: set[str] = set()  # every Redis key either deployment wrote while they ran side by side
+    try:
+
+        def finished() -> bool:
+            seen.update(k.decode() for k in client.keys("*"))
+            return all(d.poll() is not None for d in demos.values())
+
+        wait_for("both demos to finish", finished, 300, every=0.2)
+    finally:
+        for d in demos.values():
+            if d.poll() is None:
+                d.terminate()  # the demo stops everything it started
+                d.wait(60)
+        server.stop()
+    for ns, d in demos.items():
+        out = _read(tmp_path / f"{ns}.out")
+        assert d.returncode == 0 and "\nlost: 0\n" in out, out[-3000:]
+        logs = "".join(_read(p) for p in sorted((tmp_path / ns).glob("worker*.log")))
+        assert "ERROR" not in logs, f"{ns}: {logs[-3000:]}"
+        assert re.search(r"results: .*finalized=", logs), f"{ns}'s worker processed its own results"
+        beat = "".join(_read(p) for p in sorted((tmp_path / ns).glob("beat*.log")))
+        assert set(re.findall(r"Sending due task \S+ \((\S+)\)", beat)) == {f"{ns}.scan"}
+    assert seen, "the demos used the Redis they were given"
+    # kombu's binding tables are named by exchange (so by namespace); one index of when
+    # expiring ones are due is kombu's own, shared by design, keyed by those names.
+    foreign = [k for k in seen if not re.match(r"(_kombu\.binding(_permanent)?\.)?(blue|green)[.:]", k)]
+    assert set(foreign) <= {"_kombu.binding_deadlines"}, f"keys outside both namespaces: {foreign}"
+    assert {k.split(":")[0] for k in seen if ":" in k} == set(namespaces)
 
 
 @pytest.mark.integration

@@ -26,7 +26,7 @@ from poolkeeper.simulate import Faults, SimPool, envelope
 from store import PoolStore, queries
 from tasks import registry, scan
 from tasks.declaration import Outcome
-from tasks.plane import Plane, RedisCoordination
+from tasks.plane import Plane, RedisCoordination, process_task, queue_name
 from tests.factories import OWNER
 
 pytestmark = pytest.mark.integration
@@ -285,9 +285,9 @@ def test_two_beats_apply_no_transition_twice(env: PlaneEnv) -> None:
 
 def _queued(e: PlaneEnv) -> list[tuple[str, list[Any]]]:
     out = []
-    for raw in e.redis.client().lrange("maintenance", 0, -1):
+    for raw in e.redis.client().lrange(queue_name(e.settings), 0, -1):
         msg = json.loads(raw)
-        if msg["headers"]["task"] == "poolkeeper.process":
+        if msg["headers"]["task"] == process_task(e.settings):
             args = json.loads(base64.b64decode(msg["body"]))[0]
             out.append((args[0], args[1]))
     return out
@@ -306,7 +306,7 @@ def test_a_storm_never_queues_more_than_one_message_per_row(env: PlaneEnv) -> No
     app = make_app(settings)
 
     def enqueue(pass_name: str, keys: list[Any]) -> None:
-        app.send_task("poolkeeper.process", (pass_name, keys), queue="maintenance")
+        app.send_task(process_task(settings), (pass_name, keys), queue=queue_name(settings))
 
     for _ in range(5):  # five ticks (or two beats) with no worker consuming: the slowest worker
         scan.scan(plane, "expire", time.time(), enqueue)
@@ -367,6 +367,8 @@ def test_worker_exports_prometheus_metrics(env: PlaneEnv) -> None:
     assert 'poolkeeper_pass_outcomes_total{outcome="finalized",pass_name="results"}' in body
     assert 'poolkeeper_pass_outcomes_total{outcome="added",pass_name="materialize"}' in body
     assert "poolkeeper_quarantined_rows 0.0" in body
+    assert 'poolkeeper_ordinals{state="free"} 4.0' in body
+    assert 'poolkeeper_ordinals{state="quarantined"} 0.0' in body
     assert "poolkeeper_expiry_to_reoffer_seconds_bucket" in body
     labels = set(re.findall(r'poolkeeper_pass_outcomes_total\{outcome="([^"]*)",pass_name="([^"]*)"\}', body))
     allowed = {(o.value, p.name) for o in Outcome for p in registry.PASSES}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -11,6 +12,9 @@ from sqlalchemy import inspect, text
 
 from board import KanbanBoard
 from board.schema import metadata as board_metadata
+from core.errors import NotReady, TransientError
+from core.settings import Settings
+from poolkeeper.embedded import free_port
 from store import PoolStore
 from store.models import RowState
 from store.models import metadata as store_metadata
@@ -68,3 +72,33 @@ def test_scanner_indexes_exist(store: PoolStore) -> None:
         "ix_assignments_state_due",
         "ix_assignments_terminal_age",
     } <= names
+
+
+def test_check_ready_refuses_a_database_without_schema_or_behind_head(settings: Settings) -> None:
+    store, kanban = PoolStore.from_settings(settings), KanbanBoard(settings.board_url)
+    with store.engine.connect():  # given a database that exists (a SQLite file is created) but is empty
+        pass
+    try:
+        for target, what in ((store, "pool store"), (kanban, "board")):
+            with pytest.raises(NotReady, match=rf"^{what}: not migrated \(at no schema, head 0001\)"):
+                target.check_ready()
+        store.migrate()
+        store.check_ready()  # migrated: ready; the board (same database here) is still not
+        with pytest.raises(NotReady, match="board: not migrated"):
+            kanban.check_ready()
+        with store.engine.begin() as conn:
+            conn.execute(text("UPDATE store_alembic_version SET version_num = 'old'"))
+        with pytest.raises(NotReady, match=r"at old, head 0001"):
+            store.check_ready()
+    finally:
+        store.engine.dispose()
+        kanban.engine.dispose()
+
+
+def test_check_ready_neither_creates_a_missing_sqlite_file_nor_waits_on_a_dead_server(tmp_path: Path) -> None:
+    missing = tmp_path / "nothing-here.db"
+    with pytest.raises(NotReady, match="no database at"):
+        PoolStore(f"sqlite:///{missing}").check_ready()
+    assert not missing.exists()
+    with pytest.raises(TransientError, match="pool store"):
+        PoolStore(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x").check_ready()

@@ -30,6 +30,11 @@ def test_environment_is_parsed_by_field_type() -> None:
         ("POOL_RETENTION_SECONDS", "60", "POOL_RETENTION_SECONDS: must be >= 3600"),
         ("POOL_VISIBILITY_TIMEOUT", "10", "POOL_VISIBILITY_TIMEOUT: must be greater than"),
         ("POOL_DATABASE_URL", "", "POOL_DATABASE_URL: must not be empty"),
+        ("POOL_DATABASE_URL", "pool.db", "POOL_DATABASE_URL: not a database URL SQLAlchemy can open"),
+        ("POOL_BOARD_URL", "foo://h/db", "POOL_BOARD_URL: not a database URL SQLAlchemy can open"),
+        ("POOL_NAMESPACE", "", "POOL_NAMESPACE: must be 1 to 32 letters"),
+        ("POOL_NAMESPACE", "a:b", "POOL_NAMESPACE: must be 1 to 32 letters"),
+        ("POOL_NAMESPACE", "n" * 33, "POOL_NAMESPACE: must be 1 to 32 letters"),
     ],
 )
 def test_bad_values_name_the_variable(var: str, value: str, message: str) -> None:
@@ -41,3 +46,9 @@ def test_bad_values_name_the_variable(var: str, value: str, message: str) -> Non
 def test_env_round_trips_for_child_processes() -> None:
     s = Settings(pool_size=5, lease_seconds=2.5, redis_url="redis://x:1/0")
     assert Settings.from_env(s.env()) == s
+
+
+def test_a_database_url_with_a_password_is_never_echoed() -> None:
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"POOL_DATABASE_URL": "nodialect://user:hunter2@h/db"})
+    assert "hunter2" not in str(refused.value)

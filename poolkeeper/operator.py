@@ -1,0 +1,106 @@
+"""Operator moves that must reach both the board and the pool store.
+
+The board decides first (it is the source of truth); then the run's row is
+settled with a guarded update, so its holder is fenced out at once: its
+heartbeats and results are refused as stale. If the process dies between the
+two, reconcile (or the results pass) settles the row later; nothing is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from board import Board, BoardTask, KanbanBoard
+from core.errors import InvalidInput, TransientError
+from store import PoolStore, rows, transitions
+from store.models import LIVE_STATES, TERMINAL_STATES, RowState
+
+log = logging.getLogger("poolkeeper.operator")
+NOT_TERMINAL = tuple(s for s in RowState if s not in TERMINAL_STATES)
+DEFAULT_ABANDON_REASON = "no reason given"
+MAX_REASON_CHARS = 500
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    task: BoardTask
+    settled: transitions.Settled | None  # the run's live row, now stale; None if there was none
+    left_to_reconcile: str | None = None  # why the row could not be settled now (the cancel stands)
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    row_id: int
+    board: str
+    task_id: str
+    run_id: int
+    parked: bool  # False: the board had already moved the run on (its evidence)
+    settled: transitions.Settled | None  # None: another writer settled the row in between
+    reason: str
+
+
+def cancel(kanban: KanbanBoard, store: PoolStore, board: str, task_id: str, now: float) -> Cancelled:
+    """Cancel the task on the board, then make its run's live row ``stale``.
+
+    A busy board raises ``TransientError`` with nothing changed. A busy store
+    after the cancel cannot undo it: the result says the row is left to
+    reconcile, which settles it on the board's word.
+    """
+    task = kanban.cancel_task(board, task_id)
+    if task.current_run_id is None:
+        return Cancelled(task, None)
+    try:
+        with store.session() as s:
+            settled = transitions.settle_run(
+                s,
+                board=board,
+                task_id=task_id,
+                run_id=task.current_run_id,
+                to=RowState.STALE,
+                states=LIVE_STATES,
+                now=now,
+            )
+    except TransientError as err:
+        return Cancelled(task, None, left_to_reconcile=str(err))
+    return Cancelled(task, settled)
+
+
+def abandon(board: Board, store: PoolStore, row_id: int, reason: str, now: float) -> Abandoned:
+    """Give up on a row for good: park its exact run on the board, then settle the row ``stale``.
+
+    Refuses a terminal row. The park is compare-and-set on the row's run: if
+    the board refuses because the run already moved on, that is evidence
+    enough and the row is settled all the same. A busy board raises
+    ``TransientError`` with nothing changed; a busy store after the park
+    raises it too, and running ``abandon`` again finishes the job.
+    """
+    if not reason.strip() or len(reason) > MAX_REASON_CHARS:
+        raise InvalidInput("reason", f"must be 1 to {MAX_REASON_CHARS} characters")
+    with store.session(readonly=True) as s:
+        row = rows.get_row(s, row_id)
+    if row.state not in {state.value for state in NOT_TERMINAL}:
+        raise InvalidInput("row", f"row {row_id} is {row.state}: a settled row is never abandoned")
+    why = f"abandoned by operator: {reason}"
+    parked = board.block_task(row.board, row.task_id, why, "operator", row.run_id)
+    with store.session() as s:
+        settled = transitions.settle_run(
+            s,
+            board=row.board,
+            task_id=row.task_id,
+            run_id=row.run_id,
+            to=RowState.STALE,
+            states=NOT_TERMINAL,
+            now=now,
+        )
+    log.warning(
+        "abandon: row %d %s/%s run %d (%s): %s%s",
+        row_id,
+        row.board,
+        row.task_id,
+        row.run_id,
+        row.state,
+        why,
+        "" if parked else " (the board had already moved the run on)",
+    )
+    return Abandoned(row_id, row.board, row.task_id, row.run_id, parked, settled, why)
