@@ -12,7 +12,7 @@ from sqlalchemy import inspect, text
 
 from board import KanbanBoard
 from board.schema import metadata as board_metadata
-from core.errors import NotReady, TransientError
+from core.errors import ConfigError, Unavailable
 from core.settings import Settings
 from poolkeeper.embedded import free_port
 from store import PoolStore
@@ -74,31 +74,34 @@ def test_scanner_indexes_exist(store: PoolStore) -> None:
     } <= names
 
 
-def test_check_ready_refuses_a_database_without_schema_or_behind_head(settings: Settings) -> None:
+def test_require_schema_refuses_a_database_without_schema_or_behind_head(settings: Settings) -> None:
     store, kanban = PoolStore.from_settings(settings), KanbanBoard(settings.board_url)
-    with store.engine.connect():  # given a database that exists (a SQLite file is created) but is empty
-        pass
+    with store.engine.connect() as conn:  # given a database that exists but holds no schema
+        conn.execute(text("CREATE TABLE unrelated (x INTEGER)"))
+        conn.commit()
     try:
         for target, what in ((store, "pool store"), (kanban, "board")):
-            with pytest.raises(NotReady, match=rf"^{what}: not migrated \(at no schema, head 0001\)"):
-                target.check_ready()
+            with pytest.raises(ConfigError, match=rf"^no {what} at .*: run `poolctl init`"):
+                target.require_schema()
         store.migrate()
-        store.check_ready()  # migrated: ready; the board (same database here) is still not
-        with pytest.raises(NotReady, match="board: not migrated"):
-            kanban.check_ready()
+        store.require_schema()  # migrated: ready; the board (same database here) is still not
+        with pytest.raises(ConfigError, match="no board at"):
+            kanban.require_schema()
         with store.engine.begin() as conn:
             conn.execute(text("UPDATE store_alembic_version SET version_num = 'old'"))
-        with pytest.raises(NotReady, match=r"at old, head 0001"):
-            store.check_ready()
+        with pytest.raises(ConfigError, match=r"not migrated \(at old, head \d+\): run `poolctl init`"):
+            store.require_schema()
     finally:
+        with store.engine.begin() as conn:
+            conn.execute(text("DROP TABLE unrelated"))
         store.engine.dispose()
         kanban.engine.dispose()
 
 
-def test_check_ready_neither_creates_a_missing_sqlite_file_nor_waits_on_a_dead_server(tmp_path: Path) -> None:
+def test_require_schema_creates_no_missing_file_and_names_a_dead_server(tmp_path: Path) -> None:
     missing = tmp_path / "nothing-here.db"
-    with pytest.raises(NotReady, match="no database at"):
-        PoolStore(f"sqlite:///{missing}").check_ready()
+    with pytest.raises(ConfigError, match="no pool store at"):
+        PoolStore(f"sqlite:///{missing}").require_schema()
     assert not missing.exists()
-    with pytest.raises(TransientError, match="pool store"):
-        PoolStore(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x").check_ready()
+    with pytest.raises(Unavailable, match="pool store"):
+        PoolStore(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x").require_schema()
