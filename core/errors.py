@@ -87,14 +87,18 @@ class NotFound(PoolError, LookupError):
     """An unknown row, board or task."""
 
 
+class UnusableURL(SettingsError, ConfigError):
+    """A ``POOL_*_URL`` no database driver can open: named by its variable, never echoed."""
+
+
 # What a command-line process exits with, by error class (first match wins): `poolctl`,
 # and a worker or beat that refuses to start. Anything else is 1 (an internal error).
 EXIT_CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, str], ...] = (
+    (ConfigError, 78, ""),  # first: an unusable URL is a setting and a configuration error
     ((SettingsError, InvalidInput, NotFound), 2, ""),
     (Unavailable, 69, ""),
     (TransientError, 75, "busy, try again: "),
     (LostRace, 75, "changed concurrently, try again: "),
-    (ConfigError, 78, ""),
 )
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
-from core.errors import SettingsError
+from core.errors import SettingsError, UnusableURL
 
 T = TypeVar("T")
 # A namespace starts every Redis key, the queue and the task names: short, no separators of its own.
@@ -178,7 +178,7 @@ def _check_database_url(url: str, var: str) -> None:
     try:
         make_url(url).get_dialect()
     except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ValueError) as err:
-        raise SettingsError(f"{var}: not a database URL SQLAlchemy can open ({err})") from None
+        raise UnusableURL(f"{var}: not a database URL SQLAlchemy can open ({err})") from None
 
 
 def _check(value: T, var: str, ok: Callable[[T], bool], expected: str) -> None:

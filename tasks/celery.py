@@ -42,7 +42,7 @@ def _settings() -> Settings:
     try:
         return Settings.from_env()
     except SettingsError as err:
-        _refuse(str(err), 2)
+        _refuse(str(err), (exit_code(err) or (2, ""))[0])
 
 
 def _metrics_dir(settings: Settings) -> None:

@@ -154,11 +154,11 @@ def _nothing(path: Path) -> None:
 CONFIG_CASES = [
     pytest.param(
         _nothing, {"POOL_DATABASE_URL": "garbage"}, ("status",), CONFIG,
-        ("database URL 'garbage'", "not a database URL"), id="garbage-url",
+        ("POOL_DATABASE_URL", "not a database URL"), id="garbage-url",
     ),
     pytest.param(
         _nothing, {"POOL_BOARD_URL": "garbage"}, ("board", "list"), CONFIG,
-        ("database URL 'garbage'",), id="garbage-board-url",
+        ("POOL_BOARD_URL", "not a database URL"), id="garbage-board-url",
     ),
     pytest.param(
         _nothing, {"POOL_DATABASE_URL": "mysql://u:secret@localhost/db"}, ("status",), CONFIG,
