@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 
+from core import validate
 from store.models import LIVE_STATES, Assignment, RowState
 
 A = Assignment
@@ -93,6 +94,7 @@ def oldest_in_state(s: Session, state: RowState) -> float | None:
 def rows(
     s: Session, *, state: RowState | None = None, quarantined: bool = False, limit: int = 1000
 ) -> Sequence[Assignment]:
+    validate.integer("limit", limit, 1, validate.INT32_MAX)  # an operator's number (`poolctl rows`)
     stmt = select(A).order_by(A.id).limit(limit)
     if state is not None:
         stmt = stmt.where(A.state == state.value)

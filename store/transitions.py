@@ -40,8 +40,8 @@ def add_run(
     """
     validate.name("board", board, 64)
     validate.name("task_id", task_id, 128)
-    validate.integer("run_id", run_id, 1)
-    validate.integer("ordinal", ordinal, 0, pool_size - 1)
+    validate.integer("run_id", run_id, 1, validate.INT64_MAX)
+    validate.ordinal("ordinal", ordinal, pool_size)
     text = validate.document("payload", payload)
     digest = validate.sha256(text)
     existing = s.scalar(select(A).where(A.board == board, A.task_id == task_id, A.run_id == run_id))

@@ -48,7 +48,7 @@ def offer(s: Session, ordinal: int, *, pool_size: int, lease_seconds: float, now
     gives ``None``. The row keeps its identity across expiries and worker
     restarts, so a restarted worker gets the same run back, under a new fence.
     """
-    validate.integer("ordinal", ordinal, 0, pool_size - 1)
+    validate.ordinal("ordinal", ordinal, pool_size)
     row = s.scalar(select(A).where(A.ordinal == ordinal, A.state == RowState.ASSIGNED.value))
     if row is None:
         return None

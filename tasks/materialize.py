@@ -56,6 +56,10 @@ def build_payload(task: BoardTask, run_id: int) -> dict[str, Any]:
             payload["input"] = json.loads(task.body)
         except ValueError as err:
             raise CapabilityError(f"task body looks like JSON but is not: {err}") from None
+        except RecursionError:  # the decoder recurses: nesting this deep is refused like any other
+            raise CapabilityError(
+                f"task body is JSON nested deeper than {validate.MAX_DEPTH} levels"
+            ) from None
     try:
         validate.document("payload", payload)
     except InvalidInput as err:

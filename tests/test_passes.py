@@ -80,6 +80,9 @@ def test_dispatch_absorbs_a_busy_board(plane: Plane, kanban: KanbanBoard) -> Non
         ("plain text", "pool", "added", TaskStatus.RUNNING, None),
         ('{"api_token": "s3cr3t"}', "pool", "parked", TaskStatus.BLOCKED, "capability"),
         ("{not json", "pool", "parked", TaskStatus.BLOCKED, "capability"),
+        ('{"a":' * 63 + "1" + "}" * 63, "pool", "added", TaskStatus.RUNNING, None),  # 64 with the payload
+        ('{"a":' * 64 + "1" + "}" * 64, "pool", "parked", TaskStatus.BLOCKED, "capability"),
+        ('{"a":' * 5000 + "1" + "}" * 5000, "pool", "parked", TaskStatus.BLOCKED, "capability"),
     ],
 )
 def test_materialize_parks_only_runs_that_cannot_be_served(
