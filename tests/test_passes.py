@@ -345,6 +345,35 @@ def test_one_failing_board_does_not_stop_the_next(
     assert len(reports) == 1 and reports[0].levelno == logging.ERROR, "reported once, as a bug"
 
 
+def test_a_task_deleted_and_added_again_gets_new_run_ids_and_wedges_nothing(
+    plane: Plane, kanban: KanbanBoard
+) -> None:
+    row = running_row(plane, kanban)
+    deliver(plane, row, {"status": "done"})
+    assert maintain_once(plane, NOW)["results"] == {"finalized": 1}
+    kanban.delete_task("b", "b0")
+    kanban.add_task("b", "same id again", task_id="b0")
+    kanban.add_task("b", "a neighbour", task_id="n")
+    assert maintain_once(plane, NOW)["materialize"] == {"added": 2}
+    with plane.store.session() as s:
+        got = sorted((r.task_id, r.run_id, r.state) for r in queries.rows(s))
+    assert got == [("b0", 1, "finalized"), ("b0", 2, "assigned"), ("n", 1, "assigned")]
+
+
+def test_a_corrupt_result_on_one_task_never_hides_an_orphan_of_its_board(
+    plane: Plane, kanban: KanbanBoard
+) -> None:
+    kanban.add_task("b", "x", task_id="corrupt")
+    kanban.add_task("b", "y", task_id="healthy")
+    kanban.claim_ready(5, assignee="poolkeeper", lane="pool")  # claimed; the materialize never came
+    with kanban.engine.begin() as conn:
+        conn.execute(text("UPDATE tasks SET result = '{broken' WHERE id = 'corrupt'"))
+    queued = scanned(plane, "reconcile")
+    assert sorted(c["task_id"] for c in queued["materialize"]) == ["corrupt", "healthy"]
+    for claim in queued["materialize"]:
+        assert runner.run_key(plane, "materialize", claim, NOW) == "added"
+
+
 def test_maintain_once_runs_a_claim_to_the_board(plane: Plane, kanban: KanbanBoard) -> None:
     kanban.add_task("b", "x", task_id="x")
     assert maintain_once(plane, NOW)["materialize"] == {"added": 1}
