@@ -70,9 +70,11 @@ def known_runs(s: Session, board: str, runs: Iterable[tuple[str, int]]) -> set[t
     return {(t, r) for t, r in s.execute(stmt)}
 
 
-def has_run(s: Session, board: str, task_id: str, run_id: int) -> bool:
-    stmt = select(A.id).where(A.board == board, A.task_id == task_id, A.run_id == run_id)
-    return s.scalar(stmt) is not None
+def run_state(s: Session, board: str, task_id: str, run_id: int) -> RowState | None:
+    """The state of the run's row, or None when it has none."""
+    stmt = select(A.state).where(A.board == board, A.task_id == task_id, A.run_id == run_id)
+    state = s.scalar(stmt)
+    return None if state is None else RowState(state)
 
 
 def counts_by_state(s: Session) -> dict[str, int]:

@@ -15,7 +15,7 @@ from store.models import RowState
 from tasks import failures, runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
-from tests.factories import NOW, row_state, scanned
+from tests.factories import NOW, RowFactory, row_state, scanned
 
 
 def dispatched(plane: Plane) -> list[dict[str, Any]]:
@@ -116,6 +116,20 @@ def test_materialize_of_a_vanished_moved_or_duplicate_claim_changes_nothing(
     assert runner.run_key(plane, "materialize", claims["dup"], NOW) == "added"
     assert runner.run_key(plane, "materialize", claims["dup"], NOW) == "duplicate"
     assert kanban.get_task("b", "moved").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_materialize_never_calls_a_claim_whose_identity_already_ended_a_duplicate(
+    plane: Plane, kanban: KanbanBoard, make_row: RowFactory
+) -> None:
+    kanban.add_task("b", "x", task_id="t")
+    [claim] = dispatched(plane)
+    ended = make_row(
+        RowState.FINALIZED, board="b", task_id="t", run_id=claim["run_id"], ordinal=claim["ordinal"]
+    )
+    assert runner.run_key(plane, "materialize", claim, NOW) == "deferred"
+    assert kanban.get_task("b", "t").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+    with plane.store.session() as s:
+        assert [r.id for r in queries.rows(s)] == [ended]
 
 
 def test_materialize_on_a_taken_ordinal_is_deferred_without_touching_the_board(

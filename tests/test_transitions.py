@@ -44,6 +44,35 @@ def test_conflicting_duplicate_and_taken_ordinal_are_protocol_errors(store: Pool
         assert sum(queries.counts_by_state(s).values()) == 1
 
 
+@pytest.mark.parametrize(
+    ("state", "duplicate"),
+    [
+        (RowState.ASSIGNED, True),
+        (RowState.LEASE_FAILED, True),
+        (RowState.FINALIZED, False),
+        (RowState.STALE, False),
+    ],
+)
+def test_an_identity_that_already_ended_is_refused_never_a_duplicate(
+    store: PoolStore, make_row: RowFactory, state: RowState, duplicate: bool
+) -> None:
+    """Board run ids never repeat: a terminal row for the same run means the id was reused."""
+    row = make_row(state, task_id="t", run_id=1, ordinal=0)  # its payload is {"title": "t"}
+    before = row_state(store, row)
+
+    def add() -> str:
+        return store.add_run(board="b", task_id="t", run_id=1, ordinal=0, payload={"title": "t"}, now=NOW)
+
+    if duplicate:
+        assert add() == "duplicate"
+    else:
+        with pytest.raises(DuplicateIdentity, match=f"already ended as row {row} \\({state.value}\\)"):
+            add()
+    assert row_state(store, row) == before
+    with store.session() as s:
+        assert sum(queries.counts_by_state(s).values()) == 1
+
+
 @pytest.mark.parametrize("ordinal", [-1, 3])
 def test_add_refuses_ordinal_outside_the_pool(store: PoolStore, ordinal: int) -> None:
     with pytest.raises(InvalidInput, match="ordinal"):
