@@ -18,6 +18,8 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from core import db
+from core.errors import CorruptRow, PoolError
+from core.retry import RetryPolicy
 from core.settings import Settings
 from store import transitions, worker
 from store.envelope import Envelope
@@ -29,12 +31,19 @@ __all__ = ["Envelope", "Offer", "PoolStore"]
 
 class PoolStore:
     def __init__(
-        self, url: str, *, pool_size: int = 3, lease_seconds: float = 90.0, engine: Engine | None = None
+        self,
+        url: str,
+        *,
+        pool_size: int = 3,
+        lease_seconds: float = 90.0,
+        engine: Engine | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.url = url
         self.pool_size = pool_size
         self.lease_seconds = lease_seconds
         self.engine = engine or db.make_engine(url)
+        self.retry = retry or RetryPolicy()  # backoff of a row that ``offer`` finds unreadable
 
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine | None = None) -> PoolStore:
@@ -43,6 +52,7 @@ class PoolStore:
             pool_size=settings.pool_size,
             lease_seconds=settings.lease_seconds,
             engine=engine,
+            retry=RetryPolicy.from_settings(settings),
         )
 
     def migrate(self) -> None:
@@ -62,10 +72,20 @@ class PoolStore:
             yield conn
 
     def offer(self, ordinal: int, *, now: float | None = None) -> Offer | None:
-        with self.session() as s:
-            return worker.offer(
-                s, ordinal, pool_size=self.pool_size, lease_seconds=self.lease_seconds, now=_now(now)
-            )
+        """The ordinal's assignment; ``CorruptRow`` if unreadable (recorded on the row, own transaction)."""
+        now = _now(now)
+        try:
+            with self.session() as s:
+                return worker.offer(
+                    s, ordinal, pool_size=self.pool_size, lease_seconds=self.lease_seconds, now=now
+                )
+        except CorruptRow as err:
+            try:
+                with self.session() as s:
+                    worker.note_corrupt(s, err.row_id, str(err), policy=self.retry, now=now)
+            except PoolError:
+                pass  # the record waits for the next poll; the refusal stands either way
+            raise
 
     def heartbeat(
         self, envelope: Mapping[str, Any], *, now: float | None = None

@@ -17,10 +17,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from core import validate
-from core.errors import DeliveryConflict, LostRace, NotFound, StaleHolder, TransientError
+from core.errors import CorruptRow, DeliveryConflict, LostRace, NotFound, StaleHolder, TransientError
+from core.retry import RetryPolicy
+from store import bookkeeping
 from store.envelope import Envelope
 from store.models import Assignment, Delivery, FenceSequence, RowState
-from store.rows import CLEAR_BOOKKEEPING, guarded
+from store.rows import CLEAR_BOOKKEEPING, get_row, guarded
 
 A = Assignment
 
@@ -47,11 +49,14 @@ def offer(s: Session, ordinal: int, *, pool_size: int, lease_seconds: float, now
     Nothing to offer (no row, or the row is already running or holds a result)
     gives ``None``. The row keeps its identity across expiries and worker
     restarts, so a restarted worker gets the same run back, under a new fence.
+    A row whose stored payload cannot be read back is refused (``CorruptRow``)
+    with nothing changed and no fence minted.
     """
     validate.ordinal("ordinal", ordinal, pool_size)
     row = s.scalar(select(A).where(A.ordinal == ordinal, A.state == RowState.ASSIGNED.value))
     if row is None:
         return None
+    payload = _stored_payload(row)  # before the fence: a row we cannot hand out is not granted
     fence = mint_fence(s)
     lease_until = now + lease_seconds
     guarded(
@@ -64,7 +69,6 @@ def offer(s: Session, ordinal: int, *, pool_size: int, lease_seconds: float, now
         lease_until=lease_until,
         updated_at=now,
     )
-    assert row.payload is not None  # a live row always has its payload (CHECK live_has_payload)
     return Offer(
         row.id,
         row.board,
@@ -74,9 +78,34 @@ def offer(s: Session, ordinal: int, *, pool_size: int, lease_seconds: float, now
         row.attempt,
         fence,
         lease_until,
-        json.loads(row.payload),
+        payload,
         row.payload_digest,
     )
+
+
+def _stored_payload(row: Assignment) -> dict[str, Any]:
+    """The row's payload, or ``CorruptRow`` if the stored text is not what ``add_run`` wrote."""
+    text = row.payload or ""  # a live row always has one (CHECK live_has_payload)
+    if validate.sha256(text) != row.payload_digest:
+        raise CorruptRow(row.id, "the stored payload does not match its digest; not granted")
+    try:
+        payload = json.loads(text)
+    except (ValueError, RecursionError):
+        payload = None
+    if not isinstance(payload, dict):
+        raise CorruptRow(row.id, "the stored payload is not a JSON object; not granted")
+    return payload
+
+
+def note_corrupt(s: Session, row_id: int, problem: str, *, policy: RetryPolicy, now: float) -> None:
+    """Record an unreadable row on itself (backoff, then quarantine) so an operator sees it.
+
+    A worker polls ``offer`` often: only a row whose backoff has run out takes
+    another record, so the failure count follows the retry policy, not the poll rate.
+    """
+    row = get_row(s, row_id)
+    if row.state == RowState.ASSIGNED.value and row.next_attempt_at <= now:
+        bookkeeping.record_failure(s, row_id, problem, policy=policy, now=now)
 
 
 def mint_fence(s: Session) -> int:

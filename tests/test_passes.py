@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 
 from board import FlakyBoard, KanbanBoard, TaskStatus
-from core.errors import TransientError
+from core.errors import CorruptRow, TransientError
 from store import queries
 from store.models import RowState
 from tasks import failures, runner
@@ -142,6 +142,22 @@ def test_materialize_on_a_taken_ordinal_is_deferred_without_touching_the_board(
     job = {"board": "b", "task_id": "late", "run_id": claim.run_id, "ordinal": taken}
     assert runner.run_key(plane, "materialize", job, NOW) == "deferred"
     assert kanban.get_task("b", "late").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_an_unreadable_row_is_seen_by_the_operator_and_freed_by_the_boards_word(
+    plane: Plane, kanban: KanbanBoard
+) -> None:
+    [row] = claimed(plane, kanban)
+    with plane.store.session() as s:
+        s.execute(text("UPDATE assignments SET payload = '{broken' WHERE id = :i"), {"i": row})
+    with pytest.raises(CorruptRow, match=f"row {row}"):
+        plane.store.offer(row_state(plane.store, row)["ordinal"], now=NOW)
+    assert "payload" in row_state(plane.store, row)["last_error"]
+    kanban.cancel_task("b", "b0")  # what an operator does with a run the pool cannot serve
+    assert maintain_once(plane, NOW)["reconcile"] == {"stale": 1}
+    assert row_state(plane.store, row)["state"] == "stale"
+    with plane.store.session() as s:
+        assert queries.free_ordinals(s, plane.settings.pool_size) == [0, 1, 2]
 
 
 # --- expire ----------------------------------------------------------------------
