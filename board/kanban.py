@@ -4,19 +4,26 @@ Other writers (a UI, a CLI, crons) share its database, so each call is one
 short transaction and "busy"/"locked" surfaces as ``TransientError``.
 ``claim_ready`` is atomic: ``BEGIN IMMEDIATE`` on SQLite, ``FOR UPDATE SKIP
 LOCKED`` on PostgreSQL, and a guarded UPDATE per task either way, so two
-claimers never take the same task.
+claimers never take the same task. Each task is claimed in its own savepoint:
+one that cannot be claimed is skipped and reported once, never failing the
+others. Run ids never repeat for a (board, task id), even after the task was
+deleted and added again: a claim mints past every run the ``runs`` table holds.
+A stored result that cannot be decoded reads as ``None`` (reported once), so
+one task's bad data never makes its board or its status unreadable.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, exc, func, insert, select, tuple_, update
 from sqlalchemy.engine import Row
 
 from board.protocol import BoardTask, Claim, TaskStatus
@@ -25,11 +32,13 @@ from core import db, validate
 from core.errors import InvalidInput, NotFound, TransientError
 
 T = tasks.c
+log = logging.getLogger("poolkeeper.board")
 
 
 class KanbanBoard:
     def __init__(self, url: str, engine: Engine | None = None) -> None:
         self.engine = engine or db.make_engine(url)
+        self._reported: OrderedDict[str, str] = OrderedDict()  # task -> last problem logged
 
     def migrate(self) -> None:
         db.migrate(self.engine, "board", metadata, "board")
@@ -57,46 +66,75 @@ class KanbanBoard:
     def running_tasks(self, board: str) -> list[BoardTask]:
         stmt = select(tasks).where(T.board == board, T.status == TaskStatus.RUNNING.value)
         with self._tx(readonly=True) as conn:
-            return [_task(r) for r in conn.execute(stmt)]
+            return [self._task(r) for r in conn.execute(stmt)]
 
     def get_task(self, board: str, task_id: str) -> BoardTask | None:
         with self._tx(readonly=True) as conn:
             row = conn.execute(select(tasks).where(T.board == board, T.id == task_id)).first()
-        return _task(row) if row is not None else None
+        return self._task(row) if row is not None else None
 
     def claim_ready(self, limit: int, *, assignee: str, lane: str) -> list[Claim]:
-        if limit <= 0:
-            return []
+        validate.integer("limit", limit, 0, validate.INT32_MAX)
         now = time.time()
-        candidates = (
-            select(T.board, T.id)
-            .join(boards, boards.c.name == T.board)
-            .where(T.status == TaskStatus.READY.value, T.lane == lane, boards.c.archived.is_(False))
-            .order_by(T.created_at, T.board, T.id)
-            .limit(limit)
-            .with_for_update(of=tasks, skip_locked=True)
-        )
         claims: list[Claim] = []
+        skipped: list[tuple[str, str]] = []  # tasks this claim could not take: not asked again
         with self._tx() as conn:
-            for board, task_id in conn.execute(candidates).all():
-                run_id = conn.execute(
-                    update(tasks)
-                    .where(T.board == board, T.id == task_id, T.status == TaskStatus.READY.value)
-                    .values(
-                        status=TaskStatus.RUNNING.value,
-                        assignee=assignee,
-                        current_run_id=func.coalesce(T.current_run_id, 0) + 1,
-                        block_reason=None,
-                        block_kind=None,
-                        updated_at=now,
-                    )
-                    .returning(T.current_run_id)
-                ).scalar_one_or_none()
-                if run_id is None:
-                    continue  # another claimer took it between select and update
-                self._open_run(conn, board, task_id, run_id, assignee, now)
-                claims.append(Claim(board, task_id, run_id))
+            while len(claims) < limit:
+                candidates = (
+                    select(T.board, T.id, T.current_run_id)
+                    .join(boards, boards.c.name == T.board)
+                    .where(T.status == TaskStatus.READY.value, T.lane == lane, boards.c.archived.is_(False))
+                    .order_by(T.created_at, T.board, T.id)
+                    .limit(limit - len(claims))
+                    .with_for_update(of=tasks, skip_locked=True)
+                )
+                if skipped:
+                    candidates = candidates.where(tuple_(T.board, T.id).not_in(skipped))
+                batch = conn.execute(candidates).all()
+                if not batch:
+                    break
+                for board, task_id, current in batch:
+                    try:
+                        with conn.begin_nested():
+                            run_id = self._claim_one(conn, board, task_id, current, assignee, now)
+                    except (exc.IntegrityError, exc.DataError, InvalidInput) as err:
+                        self._report(board, task_id, f"cannot be claimed, left ready: {_short(err)}")
+                        run_id = None
+                    if run_id is None:
+                        skipped.append((board, task_id))
+                    else:
+                        claims.append(Claim(board, task_id, run_id))
         return claims
+
+    def _claim_one(
+        self, conn: Connection, board: str, task_id: str, current: int | None, assignee: str, now: float
+    ) -> int | None:
+        """Claim one ready task with a run id past every run it ever had; None if it moved."""
+        high = conn.scalar(
+            select(func.max(runs.c.run_id)).where(runs.c.board == board, runs.c.task_id == task_id)
+        )
+        run_id = validate.integer("run_id", max(current or 0, high or 0) + 1, 1, validate.INT64_MAX)
+        claimed = conn.execute(
+            update(tasks)
+            .where(
+                T.board == board,
+                T.id == task_id,
+                T.status == TaskStatus.READY.value,
+                T.current_run_id.is_not_distinct_from(current),
+            )
+            .values(
+                status=TaskStatus.RUNNING.value,
+                assignee=assignee,
+                current_run_id=run_id,
+                block_reason=None,
+                block_kind=None,
+                updated_at=now,
+            )
+        ).rowcount
+        if claimed != 1:
+            return None  # another writer moved it between select and update
+        self._open_run(conn, board, task_id, run_id, assignee, now)
+        return run_id
 
     def block_task(self, board: str, task_id: str, reason: str, kind: str, expected_run_id: int) -> bool:
         return self._end_run(
@@ -109,6 +147,7 @@ class KanbanBoard:
         )
 
     def _end_run(self, board: str, task_id: str, run_id: int, status: TaskStatus, **values: Any) -> bool:
+        validate.integer("expected_run_id", run_id, 1, validate.INT64_MAX)
         now = time.time()
         with self._tx() as conn:
             changed = conn.execute(
@@ -256,7 +295,7 @@ class KanbanBoard:
             new = conn.execute(select(tasks).where(T.board == board, T.id == task_id)).one()
             if values.get("current_run_id") is not None:
                 self._open_run(conn, board, task_id, new.current_run_id, new.assignee, now)
-        return _task(new)
+        return self._task(new)
 
     def delete_task(self, board: str, task_id: str) -> None:
         with self._tx() as conn:
@@ -271,13 +310,14 @@ class KanbanBoard:
     def list_tasks(
         self, board: str | None = None, status: TaskStatus | None = None, limit: int = 10_000
     ) -> list[BoardTask]:
+        validate.integer("limit", limit, 1, validate.INT32_MAX)
         stmt = select(tasks).order_by(T.board, T.created_at, T.id).limit(limit)
         if board is not None:
             stmt = stmt.where(T.board == board)
         if status is not None:
             stmt = stmt.where(T.status == status.value)
         with self._tx(readonly=True) as conn:
-            return [_task(r) for r in conn.execute(stmt)]
+            return [self._task(r) for r in conn.execute(stmt)]
 
     def counts_by_status(self) -> dict[str, int]:
         counts = {s.value: 0 for s in TaskStatus}
@@ -298,18 +338,51 @@ class KanbanBoard:
         with self._tx(readonly=True) as conn:
             return conn.scalar(select(boards.c.name).where(boards.c.name == board)) is not None
 
+    # --- reading tasks ----------------------------------------------------------
 
-def _task(row: Row[Any]) -> BoardTask:
-    return BoardTask(
-        board=row.board,
-        id=row.id,
-        title=row.title,
-        body=row.body,
-        status=TaskStatus(row.status),
-        assignee=row.assignee,
-        current_run_id=row.current_run_id,
-        lane=row.lane,
-        block_reason=row.block_reason,
-        block_kind=row.block_kind,
-        result=json.loads(row.result) if row.result else None,
-    )
+    def _task(self, row: Row[Any]) -> BoardTask:
+        return BoardTask(
+            board=row.board,
+            id=row.id,
+            title=row.title,
+            body=row.body,
+            status=TaskStatus(row.status),
+            assignee=row.assignee,
+            current_run_id=row.current_run_id,
+            lane=row.lane,
+            block_reason=row.block_reason,
+            block_kind=row.block_kind,
+            result=self._result(row),
+        )
+
+    def _result(self, row: Row[Any]) -> dict[str, Any] | None:
+        """The stored result, decoded for this task alone: unreadable data reads as None, reported once."""
+        if not row.result:
+            return None
+        try:
+            value = json.loads(row.result)
+        except (ValueError, RecursionError) as err:
+            self._report(row.board, row.id, f"stored result is unreadable, read as none: {_short(err)}")
+            return None
+        if not isinstance(value, dict):
+            self._report(row.board, row.id, "stored result is not a JSON object, read as none")
+            return None
+        return value
+
+    def _report(self, board: str, task_id: str, problem: str) -> None:
+        """Log a task's problem once per distinct detail, with bounded memory."""
+        key = f"{board}/{task_id}"
+        if self._reported.get(key) != problem:
+            log.error("board task %s: %s", key, problem)
+        self._reported[key] = problem
+        self._reported.move_to_end(key)
+        while len(self._reported) > REPORTED_MAX:
+            self._reported.popitem(last=False)
+
+
+REPORTED_MAX = 4096
+
+
+def _short(err: BaseException) -> str:
+    """An error's first line, bounded: database errors carry the whole statement."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"

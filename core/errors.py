@@ -74,6 +74,14 @@ class CapabilityError(PoolError):
     """The run itself cannot be turned into work (e.g. no valid payload)."""
 
 
+class CorruptRow(PoolError):
+    """A stored row cannot be read back (poisoned data): refused, nothing granted; ``row_id`` names it."""
+
+    def __init__(self, row_id: int, problem: str) -> None:
+        super().__init__(f"row {row_id}: {problem}")
+        self.row_id = row_id
+
+
 class InvalidInput(PoolError, ValueError):
     """A request was malformed. ``field`` names the offending field."""
 

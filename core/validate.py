@@ -1,14 +1,18 @@
 """Input checks for everything that enters the store from outside.
 
 Each check raises ``InvalidInput`` naming the field and what was wrong, before
-anything is written. JSON documents are canonicalised for digests; keys that
-look like credentials are refused (docs/design.md, invariant 7: no secret is stored).
+anything is written. Integers are bounded by the column they end up in
+(``INT32_MAX`` for ``Integer``, ``INT64_MAX`` for ``BigInteger``). JSON
+documents are walked without recursion (bounded depth and size, string keys,
+valid Unicode) and canonicalised for digests; keys that look like credentials
+are refused (docs/design.md, invariant 7: no secret is stored).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -18,8 +22,12 @@ from core.errors import InvalidInput
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 MAX_DOCUMENT_BYTES = 64 * 1024
+MAX_DEPTH = 64  # containers nested at most this deep; far below the interpreter's recursion limit
+INT32_MAX = 2**31 - 1  # an ``Integer`` column (SQLAlchemy: 32-bit on PostgreSQL)
+INT64_MAX = 2**63 - 1  # a ``BigInteger`` column (and any SQLite integer)
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 # Row ids, run ids and fences are at most 63-bit: a SQLite INTEGER, a PostgreSQL BIGINT.
-MAX_ID = 2**63 - 1
+MAX_ID = INT64_MAX
 SECRET_KEY_RE = re.compile(
     r"passw(or)?d|passphrase|secret|token|api[_-]?key|access[_-]?key|private[_-]?key"
     r"|credential|(^|[_-])auth($|[_-]|orization)|cookie|session[_-]?id",
@@ -40,13 +48,19 @@ def name(field: str, value: object, max_len: int) -> str:
     return value
 
 
-def integer(field: str, value: object, low: int, high: int | None = None) -> int:
+def integer(field: str, value: object, low: int, high: int) -> int:
+    """An integer in ``[low, high]``; ``high`` is at most the column's range (``INT32_MAX``/``INT64_MAX``)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(field, f"expected an integer, got {type(value).__name__}")
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise InvalidInput(field, f"must be {bound}, got {value}")
+    if not low <= value <= high:
+        shown = str(value) if value.bit_length() <= 64 else f"an integer of {value.bit_length()} bits"
+        raise InvalidInput(field, f"must be between {low} and {high}, got {shown}")
     return value
+
+
+def ordinal(field: str, value: object, pool_size: int) -> int:
+    """A worker ordinal ``0..pool_size-1`` (an ``Integer`` column)."""
+    return integer(field, value, 0, min(pool_size, INT32_MAX + 1) - 1)
 
 
 def digest_field(field: str, value: object) -> str:
@@ -59,12 +73,10 @@ def document(field: str, value: object) -> str:
     """A JSON object with no credential-like keys, as canonical text."""
     if not isinstance(value, Mapping):
         raise InvalidInput(field, f"expected a JSON object, got {type(value).__name__}")
-    secret = _secret_key_path(value, field)
-    if secret:
-        raise InvalidInput(secret, "looks like a credential; secrets are never stored")
+    _check_tree(field, value)
     try:
         text = canonical_json(value)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, RecursionError) as err:
         raise InvalidInput(field, f"not JSON-serialisable: {err}") from None
     if len(text.encode()) > MAX_DOCUMENT_BYTES:
         raise InvalidInput(field, f"larger than {MAX_DOCUMENT_BYTES} bytes")
@@ -104,17 +116,15 @@ def run_payload(*, board: str, task_id: str, run_id: int, title: str, body: str)
             payload["input"] = json.loads(body)
         except ValueError as err:
             raise InvalidInput("body", f"looks like JSON but is not: {err}") from None
-    try:
-        size = len(canonical_json(payload).encode())
-    except ValueError as err:
-        raise InvalidInput("body", f"not JSON-serialisable: {err}") from None
+        except RecursionError:  # the decoder recurses: nesting this deep is refused like any other
+            raise InvalidInput("body", f"JSON nested deeper than {MAX_DEPTH} levels") from None
+        document("body", payload["input"])  # depth, keys, credentials: named body.<path>
+    size = len(canonical_json(payload).encode())  # the tree was walked: it serialises
     if size > MAX_DOCUMENT_BYTES:
         longer = "title" if len(title) > len(body) else "body"
         raise InvalidInput(
             longer, f"too long: the run's payload would be {size} bytes, at most {MAX_DOCUMENT_BYTES}"
         )
-    if "input" in payload:
-        document("body", payload["input"])  # a credential-like key is named body.<key>
     document("payload", payload)
     return payload
 
@@ -127,18 +137,66 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _secret_key_path(value: Any, path: str) -> str | None:
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            where = f"{path}.{key}"
-            if isinstance(key, str) and SECRET_KEY_RE.search(key):
-                return where
-            found = _secret_key_path(item, where)
-            if found:
-                return found
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            found = _secret_key_path(item, f"{path}[{i}]")
-            if found:
-                return found
-    return None
+def label(key: str, max_len: int = 64) -> str:
+    """A key as it may appear in an error message: itself if name-like, else an escaped excerpt."""
+    if len(key) <= max_len and NAME_RE.fullmatch(key):
+        return key
+    return ascii(key[:max_len])
+
+
+def _check_tree(field: str, root: Mapping[Any, Any]) -> None:
+    """Walk a document with an explicit stack (no recursion), refusing at the first problem.
+
+    ``budget`` counts down a lower bound of the canonical text's size, so an
+    enormous document is refused before it is walked in full or serialised.
+    """
+    budget = MAX_DOCUMENT_BYTES
+    stack: list[tuple[Any, str, int]] = [(root, field, 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            budget -= len(value) + 2
+        elif value is None or isinstance(value, bool | int | float):
+            budget -= 1
+        elif isinstance(value, Mapping | list | tuple):
+            budget -= 1 + len(value)
+        if budget < 0:
+            raise InvalidInput(field, f"larger than {MAX_DOCUMENT_BYTES} bytes")
+        if isinstance(value, str):
+            if _SURROGATE_RE.search(value):
+                raise InvalidInput(path, "holds a lone surrogate; strings must be valid Unicode")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidInput(path, "not JSON: NaN and Infinity have no JSON form")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if not -INT64_MAX - 1 <= value <= INT64_MAX:
+                raise InvalidInput(path, "integers must fit in 64 bits (send a string instead)")
+        elif isinstance(value, Mapping | list | tuple):
+            if depth > MAX_DEPTH:
+                raise InvalidInput(path, f"nested deeper than {MAX_DEPTH} levels")
+            children: list[tuple[Any, str, int]] = []
+            if isinstance(value, Mapping):
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        raise InvalidInput(path, f"object keys must be strings, got {type(key).__name__}")
+                    budget -= len(key) + 3
+                    if budget < 0:
+                        raise InvalidInput(field, f"larger than {MAX_DOCUMENT_BYTES} bytes")
+                    where = _child(path, f".{label(key)}")
+                    if _SURROGATE_RE.search(key):
+                        raise InvalidInput(where, "key holds a lone surrogate; strings must be valid Unicode")
+                    if SECRET_KEY_RE.search(key):
+                        raise InvalidInput(where, "looks like a credential; secrets are never stored")
+                    children.append((item, where, depth + 1))
+            else:
+                children = [(item, _child(path, f"[{i}]"), depth + 1) for i, item in enumerate(value)]
+            stack.extend(reversed(children))  # so the first problem in document order is named
+        elif value is not None and not isinstance(value, bool | int):
+            raise InvalidInput(path, f"not a JSON value: {type(value).__name__}")
+
+
+def _child(path: str, step: str, max_len: int = 200) -> str:
+    """A child's path for error messages, cut short (once, with "…") past ``max_len``."""
+    if len(path) >= max_len:
+        return path if path.endswith("…") else path + "…"
+    return path + step

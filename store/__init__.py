@@ -18,6 +18,8 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from core import db
+from core.errors import CorruptRow, PoolError
+from core.retry import RetryPolicy
 from core.settings import Settings
 from store import transitions, worker
 from store.envelope import Envelope
@@ -36,12 +38,14 @@ class PoolStore:
         lease_seconds: float = 90.0,
         max_attempts: int = 3,
         engine: Engine | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.url = url
         self.pool_size = pool_size
         self.lease_seconds = lease_seconds
         self.max_attempts = max_attempts
         self.engine = engine or db.make_engine(url)
+        self.retry = retry or RetryPolicy()  # backoff of a row that ``offer`` finds unreadable
 
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine | None = None) -> PoolStore:
@@ -51,6 +55,7 @@ class PoolStore:
             lease_seconds=settings.lease_seconds,
             max_attempts=settings.max_attempts,
             engine=engine,
+            retry=RetryPolicy.from_settings(settings),
         )
 
     def migrate(self) -> None:
@@ -77,17 +82,28 @@ class PoolStore:
     def offer(self, ordinal: int, *, owner: str, now: float | None = None) -> Offer | None:
         """Grant the ordinal's run to the worker instance ``owner`` (see ``store.worker.offer``).
 
-        If the store cannot be reached nothing is granted: ``TransientError``.
+        If the store cannot be reached nothing is granted: ``TransientError``. A row
+        that cannot be read back is ``CorruptRow``, recorded on the row in a
+        transaction of its own (so it backs off and is quarantined where operators look).
         """
-        with self.session() as s:
-            return worker.offer(
-                s,
-                ordinal,
-                owner=owner,
-                pool_size=self.pool_size,
-                lease_seconds=self.lease_seconds,
-                now=_now(now),
-            )
+        now = _now(now)
+        try:
+            with self.session() as s:
+                return worker.offer(
+                    s,
+                    ordinal,
+                    owner=owner,
+                    pool_size=self.pool_size,
+                    lease_seconds=self.lease_seconds,
+                    now=now,
+                )
+        except CorruptRow as err:
+            try:
+                with self.session() as s:
+                    worker.note_corrupt(s, err.row_id, str(err), policy=self.retry, now=now)
+            except PoolError:
+                pass  # the record waits for the next poll; the refusal stands either way
+            raise
 
     def heartbeat(
         self, envelope: Mapping[str, Any], *, now: float | None = None

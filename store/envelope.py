@@ -7,7 +7,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InvalidInput
-from core.validate import canonical_json, digest_field, document, integer, name, sha256
+from core.validate import (
+    INT32_MAX,
+    INT64_MAX,
+    canonical_json,
+    digest_field,
+    document,
+    integer,
+    label,
+    name,
+    ordinal,
+    sha256,
+)
 
 
 @dataclass(frozen=True)
@@ -38,12 +49,15 @@ class Envelope:
             "fence",
             "payload_digest",
         ] + (["payload"] if with_result else [])
+        for key in data:
+            if not isinstance(key, str):
+                raise InvalidInput("envelope", f"field names must be strings, got {type(key).__name__}")
         for key in required:
             if key not in data:
                 raise InvalidInput(key, "missing")
         extra = set(data) - set(required)
         if extra:
-            raise InvalidInput(sorted(extra)[0], "unknown field")
+            raise InvalidInput(label(min(extra)), "unknown field")
         result = None
         if with_result:
             result = document("payload", data["payload"])
@@ -52,10 +66,10 @@ class Envelope:
             delivery_id=name("delivery_id", data["delivery_id"], 128),
             board=name("board", data["board"], 64),
             task_id=name("task_id", data["task_id"], 128),
-            run_id=integer("run_id", data["run_id"], 1),
-            worker_ordinal=integer("worker_ordinal", data["worker_ordinal"], 0, pool_size - 1),
-            attempt=integer("attempt", data["attempt"], 1),
-            fence=integer("fence", data["fence"], 1),
+            run_id=integer("run_id", data["run_id"], 1, INT64_MAX),
+            worker_ordinal=ordinal("worker_ordinal", data["worker_ordinal"], pool_size),
+            attempt=integer("attempt", data["attempt"], 1, INT32_MAX),
+            fence=integer("fence", data["fence"], 1, INT64_MAX),
             payload_digest=digest_field("payload_digest", data["payload_digest"]),
             result=result,
         )

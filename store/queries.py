@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 
+from core import validate
 from store.models import LIVE_STATES, Assignment, RowState
 
 A = Assignment
@@ -74,9 +75,11 @@ def known_runs(s: Session, board: str, runs: Iterable[tuple[str, int]]) -> set[t
     return {(t, r) for t, r in s.execute(stmt)}
 
 
-def has_run(s: Session, board: str, task_id: str, run_id: int) -> bool:
-    stmt = select(A.id).where(A.board == board, A.task_id == task_id, A.run_id == run_id)
-    return s.scalar(stmt) is not None
+def run_state(s: Session, board: str, task_id: str, run_id: int) -> RowState | None:
+    """The state of the run's row, or None when it has none."""
+    stmt = select(A.state).where(A.board == board, A.task_id == task_id, A.run_id == run_id)
+    state = s.scalar(stmt)
+    return None if state is None else RowState(state)
 
 
 def counts_by_state(s: Session) -> dict[str, int]:
@@ -98,6 +101,7 @@ def oldest_in_state(s: Session, state: RowState) -> float | None:
 def rows(
     s: Session, *, state: RowState | None = None, quarantined: bool = False, limit: int = 1000
 ) -> Sequence[Assignment]:
+    validate.integer("limit", limit, 1, validate.INT32_MAX)  # an operator's number (`poolctl rows`)
     stmt = select(A).order_by(A.id).limit(limit)
     if state is not None:
         stmt = stmt.where(A.state == state.value)

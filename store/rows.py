@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from core import validate
 from core.errors import LostRace, NotFound
 from store.models import Assignment
 
@@ -21,6 +22,7 @@ CLEAR_BOOKKEEPING: dict[str, Any] = {
 
 
 def get_row(s: Session, row_id: int) -> Assignment:
+    validate.integer("row", row_id, 1, validate.INT32_MAX)  # row ids are an ``Integer`` column
     row = s.get(A, row_id, populate_existing=True)
     if row is None:
         raise NotFound(f"row {row_id}: no such row")

@@ -39,17 +39,24 @@ def add_run(
 ) -> Literal["added", "duplicate"]:
     """Record a claimed board run on a free ordinal, attempt 1, state ``assigned``.
 
-    An identical duplicate (same identity, ordinal and payload) is a no-op; a
-    conflicting one, or an ordinal that holds a live row, is a ``ProtocolError``.
+    An identical duplicate (same identity, ordinal and payload) of a row that
+    is not terminal is a no-op; a conflicting one, an identity that already
+    ended (board run ids never repeat, so this is a reused id, never a
+    duplicate), or an ordinal that holds a live row, is a ``ProtocolError``.
     """
     validate.name("board", board, 64)
     validate.name("task_id", task_id, 128)
-    validate.integer("run_id", run_id, 1)
-    validate.integer("ordinal", ordinal, 0, pool_size - 1)
+    validate.integer("run_id", run_id, 1, validate.INT64_MAX)
+    validate.ordinal("ordinal", ordinal, pool_size)
     text = validate.document("payload", payload)
     digest = validate.sha256(text)
     existing = s.scalar(select(A).where(A.board == board, A.task_id == task_id, A.run_id == run_id))
     if existing is not None:
+        if existing.state in TERMINAL_VALUES:
+            raise DuplicateIdentity(
+                f"{board}/{task_id} run {run_id} already ended as row {existing.id} ({existing.state}): "
+                "a run id was reused; refused"
+            )
         if existing.ordinal == ordinal and existing.payload_digest == digest:
             return "duplicate"
         raise DuplicateIdentity(

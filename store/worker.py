@@ -19,10 +19,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from core import validate
-from core.errors import DeliveryConflict, LostRace, NotFound, StaleHolder, TransientError
+from core.errors import CorruptRow, DeliveryConflict, LostRace, NotFound, StaleHolder, TransientError
+from core.retry import RetryPolicy
+from store import bookkeeping
 from store.envelope import Envelope
 from store.models import Assignment, Delivery, FenceSequence, RowState
-from store.rows import CLEAR_BOOKKEEPING, guarded
+from store.rows import CLEAR_BOOKKEEPING, get_row, guarded
 
 A = Assignment
 
@@ -66,6 +68,8 @@ def offer(
       or parks it ``lease_failed``, so a worker cannot restart its way past
       ``max_attempts``.
     - nothing on the ordinal, or a row holding a result: ``None``.
+    - a row whose stored payload cannot be read back: ``CorruptRow``, with nothing
+      changed and no fence minted.
 
     Two live instances asking on one ordinal fence each other out in turn
     (the last to ask holds the run); the ordinal's credential is the
@@ -76,7 +80,7 @@ def offer(
     state, attempt and fence just read. A live grant never moves to another
     ordinal: only the row on ``ordinal`` is ever considered.
     """
-    validate.integer("ordinal", ordinal, 0, pool_size - 1)
+    validate.ordinal("ordinal", ordinal, pool_size)
     validate.name("owner", owner, 128)
     row = s.scalar(
         select(A)
@@ -86,12 +90,13 @@ def offer(
     )
     if row is None:
         return None
+    payload = _stored_payload(row)  # before any fence: a row we cannot hand out is not granted
     if row.state == RowState.RUNNING.value:
         assert row.fence is not None and row.lease_until is not None  # CHECK running_has_lease
         if row.lease_until < now:
             return None
         if row.owner == owner:
-            return _grant(row, owner, row.fence, row.lease_until)
+            return _grant(row, owner, row.fence, row.lease_until, payload)
     fence = mint_fence(s)
     lease_until = now + lease_seconds
     guarded(
@@ -105,11 +110,10 @@ def offer(
         lease_until=lease_until,
         updated_at=now,
     )
-    return _grant(row, owner, fence, lease_until)
+    return _grant(row, owner, fence, lease_until, payload)
 
 
-def _grant(row: Assignment, owner: str, fence: int, lease_until: float) -> Offer:
-    assert row.payload is not None  # a live row always has its payload (CHECK live_has_payload)
+def _grant(row: Assignment, owner: str, fence: int, lease_until: float, payload: dict[str, Any]) -> Offer:
     return Offer(
         row_id=row.id,
         board=row.board,
@@ -120,9 +124,34 @@ def _grant(row: Assignment, owner: str, fence: int, lease_until: float) -> Offer
         attempt=row.attempt,
         fence=fence,
         lease_until=lease_until,
-        payload=json.loads(row.payload),
+        payload=payload,
         payload_digest=row.payload_digest,
     )
+
+
+def _stored_payload(row: Assignment) -> dict[str, Any]:
+    """The row's payload, or ``CorruptRow`` if the stored text is not what ``add_run`` wrote."""
+    text = row.payload or ""  # a live row always has one (CHECK live_has_payload)
+    if validate.sha256(text) != row.payload_digest:
+        raise CorruptRow(row.id, "the stored payload does not match its digest; not granted")
+    try:
+        payload = json.loads(text)
+    except (ValueError, RecursionError):
+        payload = None
+    if not isinstance(payload, dict):
+        raise CorruptRow(row.id, "the stored payload is not a JSON object; not granted")
+    return payload
+
+
+def note_corrupt(s: Session, row_id: int, problem: str, *, policy: RetryPolicy, now: float) -> None:
+    """Record an unreadable row on itself (backoff, then quarantine) so an operator sees it.
+
+    A worker polls ``offer`` often: only a row whose backoff has run out takes
+    another record, so the failure count follows the retry policy, not the poll rate.
+    """
+    row = get_row(s, row_id)
+    if row.state == RowState.ASSIGNED.value and row.next_attempt_at <= now:
+        bookkeeping.record_failure(s, row_id, problem, policy=policy, now=now)
 
 
 def mint_fence(s: Session) -> int:

@@ -12,7 +12,8 @@ ordinal, on evidence from the board:
 - the task vanished, or its run is no longer the claimed one: nothing;
 - the task left the pool's lane, or has no payload we may build: a
   capability failure of the run itself, so park exactly that run;
-- the run already has a row: nothing (an identical duplicate);
+- the run already has a row that is not terminal: nothing (a duplicate); a
+  terminal one means the board reused a run id: refused (``DuplicateIdentity``);
 - else add the row. A pool-side failure (ordinal taken, store busy) changes
   nothing on the board: the claim is left to reconcile, which hands it over again.
 Returns: ``added``, ``duplicate``, ``parked``, ``vanished`` or ``moved_on``.
@@ -28,6 +29,7 @@ from board import BoardTask, TaskStatus
 from core import validate
 from core.errors import CapabilityError, InvalidInput, TransientError
 from store import queries, transitions
+from store.models import TERMINAL_STATES
 from tasks.declaration import Lock, Outcome, Pass, Submit
 from tasks.plane import Plane
 
@@ -131,8 +133,10 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
     except CapabilityError as err:
         return park(plane, task, run_id, str(err))
     with plane.store.session() as s:
-        if queries.has_run(s, board, task_id, run_id):
+        state = queries.run_state(s, board, task_id, run_id)
+        if state is not None and state not in TERMINAL_STATES:
             return Outcome.DUPLICATE
+        # A terminal row for a claimed run is a reused run id, not a duplicate: add_run refuses it.
         transitions.add_run(
             s,
             board=board,

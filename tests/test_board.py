@@ -5,16 +5,19 @@ The ``Board`` protocol itself is tested for every backend in ``test_board_contra
 
 from __future__ import annotations
 
+import logging
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from board import FlakyBoard, KanbanBoard, TaskStatus
 from board.faults import PoisonedTask
 from core.errors import InvalidInput, NotFound, TransientError
 from core.settings import Settings
+from core.validate import INT32_MAX, INT64_MAX
 
 
 def test_operator_moves_name_what_was_wrong(kanban: KanbanBoard) -> None:
@@ -84,3 +87,87 @@ def test_an_operator_move_that_lost_a_race_changes_nothing(settings: Settings, k
     task = kanban.get_task("b", "t1")
     assert task is not None and task.status is TaskStatus.DONE and task.lane == "pool"
     other.engine.dispose()
+
+
+def test_one_task_that_cannot_be_claimed_never_stops_the_others(
+    kanban: KanbanBoard, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its savepoint rolls back, it stays ready as it was, it is reported once; the rest are claimed."""
+    for task_id in ("bad", "t1", "t2"):  # "bad" is the oldest: first in line every time
+        kanban.add_task("b", task_id, task_id=task_id)
+    open_run = KanbanBoard._open_run
+
+    def failing_open_run(conn: Any, board: str, task_id: str, *args: Any) -> None:
+        open_run(conn, board, task_id, *args)
+        if task_id == "bad":  # the same run row twice: a real IntegrityError after the task's UPDATE
+            open_run(conn, board, task_id, *args)
+
+    monkeypatch.setattr(KanbanBoard, "_open_run", staticmethod(failing_open_run))
+    caplog.set_level(logging.ERROR, "poolkeeper.board")
+    assert [c.task_id for c in kanban.claim_ready(1, assignee="pool", lane="pool")] == ["t1"]
+    assert [c.task_id for c in kanban.claim_ready(5, assignee="pool", lane="pool")] == ["t2"]
+    bad = kanban.get_task("b", "bad")
+    assert bad is not None and bad.status is TaskStatus.READY and bad.current_run_id is None
+    assert [r for r in kanban.pool_runs("pool") if r[1] == "bad"] == []
+    reports = [r.getMessage() for r in caplog.records if "b/bad" in r.getMessage()]
+    assert len(reports) == 1 and "IntegrityError" in reports[0], reports
+
+
+def test_a_run_id_past_its_column_is_never_minted(kanban: KanbanBoard) -> None:
+    kanban.add_task("b", "worn out", task_id="old")
+    kanban.add_task("b", "fresh", task_id="new")
+    with kanban.engine.begin() as conn:
+        conn.execute(text("UPDATE tasks SET current_run_id = :v WHERE id = 'old'"), {"v": INT64_MAX})
+    claims = kanban.claim_ready(1, assignee="pool", lane="pool")
+    assert [(c.task_id, c.run_id) for c in claims] == [("new", 1)]
+    old = kanban.get_task("b", "old")
+    assert old is not None and old.status is TaskStatus.READY and old.current_run_id == INT64_MAX
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda k: k.claim_ready(INT32_MAX + 1, assignee="pool", lane="pool"), "limit"),
+        (lambda k: k.claim_ready(-1, assignee="pool", lane="pool"), "limit"),
+        (lambda k: k.claim_ready(True, assignee="pool", lane="pool"), "limit"),
+        (lambda k: k.complete_task("b", "t1", INT64_MAX + 1, {"status": "done"}), "expected_run_id"),
+        (lambda k: k.block_task("b", "t1", "r", "transient", 0), "expected_run_id"),
+        (lambda k: k.list_tasks(limit=INT32_MAX + 1), "limit"),
+    ],
+)
+def test_integers_past_their_column_are_refused_by_name(
+    kanban: KanbanBoard, call: Callable[[KanbanBoard], object], field: str
+) -> None:
+    kanban.add_task("b", "x", task_id="t1")
+    kanban.claim_ready(1, assignee="pool", lane="pool")
+    with pytest.raises(InvalidInput, match=f"^{field}: "):
+        call(kanban)
+    task = kanban.get_task("b", "t1")
+    assert task is not None and task.status is TaskStatus.RUNNING and task.current_run_id == 1
+
+
+def test_a_corrupt_result_is_read_as_none_for_that_task_alone(
+    kanban: KanbanBoard, caplog: pytest.LogCaptureFixture
+) -> None:
+    for task_id in ("t1", "t2", "t3"):
+        kanban.add_task("b", task_id, task_id=task_id)
+    kanban.claim_ready(3, assignee="pool", lane="pool")
+    deep = "[" * 100_000 + "]" * 100_000
+    with kanban.engine.begin() as conn:
+        conn.execute(text("UPDATE tasks SET result = '{broken' WHERE id = 't1'"))
+        conn.execute(text("UPDATE tasks SET result = :deep WHERE id = 't2'"), {"deep": deep})
+        conn.execute(text("UPDATE tasks SET result = :ok WHERE id = 't3'"), {"ok": '{"fine":true}'})
+    caplog.set_level(logging.ERROR, "poolkeeper.board")
+    for _ in range(2):
+        running = {t.id: t for t in kanban.running_tasks("b")}
+        assert {i: (t.result, t.current_run_id) for i, t in running.items()} == {
+            "t1": (None, 1),
+            "t2": (None, 1),
+            "t3": ({"fine": True}, 1),
+        }
+        got = kanban.get_task("b", "t1")
+        assert got is not None and got.status is TaskStatus.RUNNING and got.result is None
+    reports = sorted(r.getMessage() for r in caplog.records)
+    assert len(reports) == 2, reports  # one per task, however often it is read
+    assert "b/t1" in reports[0] and "JSONDecodeError" in reports[0]
+    assert "b/t2" in reports[1] and "RecursionError" in reports[1]

@@ -29,6 +29,8 @@ class Seedable(Board, Protocol):
 
     def cancel_task(self, board: str, task_id: str) -> BoardTask: ...
 
+    def delete_task(self, board: str, task_id: str) -> None: ...
+
 
 def _kanban(settings: Settings) -> Any:
     kanban = KanbanBoard(settings.board_url)
@@ -88,6 +90,19 @@ def test_unblocked_task_is_claimed_again_with_a_new_run_id(kanban: Seedable) -> 
     )
     kanban.unblock_task("b", "t1")
     assert claim(kanban) == [("b", "t1", run + 1)]
+
+
+def test_run_ids_never_repeat_for_a_task_id_even_after_delete(kanban: Seedable) -> None:
+    kanban.add_task("b", "x", task_id="t1")
+    [(_, _, first)] = claim(kanban)
+    kanban.reassign_task("b", "t1", assignee="alice", lane="humans")  # run first + 1
+    kanban.delete_task("b", "t1")
+    kanban.add_task("b", "x again", task_id="t1")
+    kanban.add_task("b", "other", task_id="t2")
+    assert claim(kanban) == [("b", "t1", first + 2), ("b", "t2", 1)]
+    kanban.delete_task("b", "t1")
+    kanban.add_task("b", "third time", task_id="t1")
+    assert claim(kanban) == [("b", "t1", first + 3)]
 
 
 def test_reassign_moves_the_run_on_and_cancel_ends_the_task(kanban: Seedable) -> None:

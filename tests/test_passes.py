@@ -9,13 +9,13 @@ import pytest
 from sqlalchemy import text
 
 from board import FlakyBoard, KanbanBoard, TaskStatus
-from core.errors import TransientError
+from core.errors import CorruptRow, TransientError
 from store import queries
 from store.models import RowState
 from tasks import failures, runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
-from tests.factories import NOW, OWNER, row_state, scanned
+from tests.factories import NOW, OWNER, RowFactory, row_state, scanned
 
 
 def dispatched(plane: Plane) -> list[dict[str, Any]]:
@@ -81,6 +81,9 @@ def test_dispatch_absorbs_a_busy_board(plane: Plane, kanban: KanbanBoard) -> Non
         ('{"api_token": "s3cr3t"}', "pool", "parked", TaskStatus.BLOCKED, "capability"),
         ("{not json", "pool", "parked", TaskStatus.BLOCKED, "capability"),
         ("x" * 70_000, "pool", "parked", TaskStatus.BLOCKED, "capability"),
+        ('{"a":' * 63 + "1" + "}" * 63, "pool", "added", TaskStatus.RUNNING, None),  # 64 with the payload
+        ('{"a":' * 64 + "1" + "}" * 64, "pool", "parked", TaskStatus.BLOCKED, "capability"),
+        ('{"a":' * 5000 + "1" + "}" * 5000, "pool", "parked", TaskStatus.BLOCKED, "capability"),
     ],
 )
 def test_materialize_parks_only_runs_that_cannot_be_served(
@@ -118,6 +121,20 @@ def test_materialize_of_a_vanished_moved_or_duplicate_claim_changes_nothing(
     assert kanban.get_task("b", "moved").status is TaskStatus.RUNNING  # type: ignore[union-attr]
 
 
+def test_materialize_never_calls_a_claim_whose_identity_already_ended_a_duplicate(
+    plane: Plane, kanban: KanbanBoard, make_row: RowFactory
+) -> None:
+    kanban.add_task("b", "x", task_id="t")
+    [claim] = dispatched(plane)
+    ended = make_row(
+        RowState.FINALIZED, board="b", task_id="t", run_id=claim["run_id"], ordinal=claim["ordinal"]
+    )
+    assert runner.run_key(plane, "materialize", claim, NOW) == "deferred"
+    assert kanban.get_task("b", "t").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+    with plane.store.session() as s:
+        assert [r.id for r in queries.rows(s)] == [ended]
+
+
 def test_materialize_on_a_taken_ordinal_is_deferred_without_touching_the_board(
     plane: Plane, kanban: KanbanBoard
 ) -> None:
@@ -128,6 +145,22 @@ def test_materialize_on_a_taken_ordinal_is_deferred_without_touching_the_board(
     job = {"board": "b", "task_id": "late", "run_id": claim.run_id, "ordinal": taken}
     assert runner.run_key(plane, "materialize", job, NOW) == "deferred"
     assert kanban.get_task("b", "late").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_an_unreadable_row_is_seen_by_the_operator_and_freed_by_the_boards_word(
+    plane: Plane, kanban: KanbanBoard
+) -> None:
+    [row] = claimed(plane, kanban)
+    with plane.store.session() as s:
+        s.execute(text("UPDATE assignments SET payload = '{broken' WHERE id = :i"), {"i": row})
+    with pytest.raises(CorruptRow, match=f"row {row}"):
+        plane.store.offer(row_state(plane.store, row)["ordinal"], now=NOW)
+    assert "payload" in row_state(plane.store, row)["last_error"]
+    kanban.cancel_task("b", "b0")  # what an operator does with a run the pool cannot serve
+    assert maintain_once(plane, NOW)["reconcile"] == {"stale": 1}
+    assert row_state(plane.store, row)["state"] == "stale"
+    with plane.store.session() as s:
+        assert queries.free_ordinals(s, plane.settings.pool_size) == [0, 1, 2]
 
 
 # --- expire ----------------------------------------------------------------------
@@ -343,6 +376,35 @@ def test_one_failing_board_does_not_stop_the_next(
     maintain_once(plane, NOW)
     reports = [r for r in caplog.records if "corrupt" in r.getMessage()]
     assert len(reports) == 1 and reports[0].levelno == logging.ERROR, "reported once, as a bug"
+
+
+def test_a_task_deleted_and_added_again_gets_new_run_ids_and_wedges_nothing(
+    plane: Plane, kanban: KanbanBoard
+) -> None:
+    row = running_row(plane, kanban)
+    deliver(plane, row, {"status": "done"})
+    assert maintain_once(plane, NOW)["results"] == {"finalized": 1}
+    kanban.delete_task("b", "b0")
+    kanban.add_task("b", "same id again", task_id="b0")
+    kanban.add_task("b", "a neighbour", task_id="n")
+    assert maintain_once(plane, NOW)["materialize"] == {"added": 2}
+    with plane.store.session() as s:
+        got = sorted((r.task_id, r.run_id, r.state) for r in queries.rows(s))
+    assert got == [("b0", 1, "finalized"), ("b0", 2, "assigned"), ("n", 1, "assigned")]
+
+
+def test_a_corrupt_result_on_one_task_never_hides_an_orphan_of_its_board(
+    plane: Plane, kanban: KanbanBoard
+) -> None:
+    kanban.add_task("b", "x", task_id="corrupt")
+    kanban.add_task("b", "y", task_id="healthy")
+    kanban.claim_ready(5, assignee="poolkeeper", lane="pool")  # claimed; the materialize never came
+    with kanban.engine.begin() as conn:
+        conn.execute(text("UPDATE tasks SET result = '{broken' WHERE id = 'corrupt'"))
+    queued = scanned(plane, "reconcile")
+    assert sorted(c["task_id"] for c in queued["materialize"]) == ["corrupt", "healthy"]
+    for claim in queued["materialize"]:
+        assert runner.run_key(plane, "materialize", claim, NOW) == "added"
 
 
 def test_maintain_once_runs_a_claim_to_the_board(plane: Plane, kanban: KanbanBoard) -> None:

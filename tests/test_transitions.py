@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import text
 
 from core.errors import (
+    CorruptRow,
     DeliveryConflict,
     DuplicateIdentity,
     InvalidInput,
@@ -40,6 +41,35 @@ def test_conflicting_duplicate_and_taken_ordinal_are_protocol_errors(store: Pool
         store.add_run(board="b", task_id="t", run_id=1, ordinal=1, payload={"a": 1}, now=NOW)
     with pytest.raises(OrdinalTaken):
         store.add_run(board="b", task_id="other", run_id=1, ordinal=0, payload={"a": 1}, now=NOW)
+    with store.session() as s:
+        assert sum(queries.counts_by_state(s).values()) == 1
+
+
+@pytest.mark.parametrize(
+    ("state", "duplicate"),
+    [
+        (RowState.ASSIGNED, True),
+        (RowState.LEASE_FAILED, True),
+        (RowState.FINALIZED, False),
+        (RowState.STALE, False),
+    ],
+)
+def test_an_identity_that_already_ended_is_refused_never_a_duplicate(
+    store: PoolStore, make_row: RowFactory, state: RowState, duplicate: bool
+) -> None:
+    """Board run ids never repeat: a terminal row for the same run means the id was reused."""
+    row = make_row(state, task_id="t", run_id=1, ordinal=0)  # its payload is {"title": "t"}
+    before = row_state(store, row)
+
+    def add() -> str:
+        return store.add_run(board="b", task_id="t", run_id=1, ordinal=0, payload={"title": "t"}, now=NOW)
+
+    if duplicate:
+        assert add() == "duplicate"
+    else:
+        with pytest.raises(DuplicateIdentity, match=f"already ended as row {row} \\({state.value}\\)"):
+            add()
+    assert row_state(store, row) == before
     with store.session() as s:
         assert sum(queries.counts_by_state(s).values()) == 1
 
@@ -98,6 +128,52 @@ def test_reoffer_after_expiry_keeps_identity_with_new_fence(store: PoolStore) ->
     assert again is not None
     assert (again.row_id, again.task_id, again.run_id) == (first.row_id, first.task_id, first.run_id)
     assert again.attempt == 2 and again.fence > first.fence
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        "{broken",  # not JSON
+        '{"title":"tampered"}',  # JSON, but not what add_run wrote (the digest says so)
+        "[" * 5000 + "]" * 5000,  # deeper than the decoder can go
+    ],
+)
+def test_offer_refuses_an_unreadable_row_and_records_it_until_quarantine(
+    store: PoolStore, settings: Settings, stored: str
+) -> None:
+    store.add_run(board="b", task_id="bad", run_id=1, ordinal=0, payload={"title": "bad"}, now=NOW)
+    store.add_run(board="b", task_id="ok", run_id=1, ordinal=1, payload={"title": "ok"}, now=NOW)
+    with store.session() as s:
+        s.execute(text("UPDATE assignments SET payload = :p WHERE task_id = 'bad'"), {"p": stored})
+
+    def fences() -> int:
+        with store.session() as s:
+            return int(s.execute(text("SELECT value FROM fence_sequence")).scalar_one())
+
+    before, fence = row_state(store, 1), fences()
+    t = NOW
+    for failures in range(1, settings.quarantine_after + 1):
+        with pytest.raises(CorruptRow, match="row 1: the stored payload") as refused:
+            store.offer(0, owner=OWNER, now=t)
+        assert refused.value.row_id == 1
+        with pytest.raises(CorruptRow):
+            store.offer(0, owner=OWNER, now=t)  # a worker polling within the backoff adds no record
+        got = row_state(store, 1)
+        assert (got["failures"], bool(got["quarantined"])) == (
+            failures,
+            failures == settings.quarantine_after,
+        )
+        assert "row 1: the stored payload" in got["last_error"]
+        bookkeeping_columns = ("failures", "last_error", "next_attempt_at", "quarantined")
+        assert {k: v for k, v in got.items() if k not in bookkeeping_columns} == {
+            k: v for k, v in before.items() if k not in bookkeeping_columns
+        }, "nothing but the record changed: still assigned, no lease, no fence"
+        t = got["next_attempt_at"]
+    assert fences() == fence, "no fence was minted for a row that was not granted"
+    with store.session() as s:
+        assert [r.id for r in queries.rows(s, quarantined=True)] == [1]
+    granted = store.offer(1, owner=OWNER, now=t)
+    assert granted is not None and granted.task_id == "ok" and granted.fence == fence + 1
 
 
 # --- heartbeat -------------------------------------------------------------
