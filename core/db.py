@@ -9,6 +9,7 @@ Database "busy", "locked" and lost connections surface as ``TransientError``.
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections.abc import Iterator
@@ -118,6 +119,24 @@ def migrate(engine: Engine, package: str, metadata: MetaData) -> None:
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+def schema_current(engine: Engine, package: str) -> bool:
+    """Whether ``package``'s schema is at head: a read in a shared (deferred) transaction."""
+    from alembic.runtime.migration import MigrationContext
+
+    with transient_errors(package), readonly(engine).connect() as conn:
+        context = MigrationContext.configure(conn, opts={"version_table": f"{package}_alembic_version"})
+        return set(context.get_current_heads()) == _heads(package)
+
+
+@functools.cache
+def _heads(package: str) -> set[str]:
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", f"{package}:migrations")
+    return set(ScriptDirectory.from_config(cfg).get_heads())
 
 
 def run_alembic_env() -> None:
