@@ -10,7 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -212,6 +212,63 @@ def demo(
     raise typer.Exit(code)
 
 
+# --- wire protocol -------------------------------------------------------------
+
+EX_CONFIG = 78  # sysexits.h: a configuration error; systemd's unit does not restart on it
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to bind [POOL_SERVE_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port [POOL_SERVE_PORT].")] = None,
+    local_only: Annotated[
+        bool,
+        typer.Option(
+            "--local-only", help="Allow serving without POOL_SERVER_SECRET (loopback only; no auth)."
+        ),
+    ] = False,
+    access_log: Annotated[bool, typer.Option("--access-log", help="Log one line per request.")] = False,
+) -> None:
+    """Serve the worker protocol over HTTP/JSON (/v1, /healthz, /readyz, /metrics, /docs)."""
+    from poolkeeper.server import serve as server
+
+    try:
+        settings = _settings()
+        server.run(
+            settings,
+            host=host or settings.serve_host,
+            port=settings.serve_port if port is None else port,
+            local_only=local_only,
+            access_log=access_log,
+        )
+    except SettingsError as e:
+        _fail(str(e), EX_CONFIG)
+
+
+@app.command()
+def token(
+    ordinal: Annotated[
+        int | None, typer.Option(min=0, help="The ordinal whose worker token to print.")
+    ] = None,
+    operator: Annotated[bool, typer.Option("--operator", help="Print the operator token.")] = False,
+) -> None:
+    """Print a bearer token derived from POOL_SERVER_SECRET (a worker's, or the operator's)."""
+    from poolkeeper import tokens
+
+    try:
+        settings = _settings()
+    except SettingsError as e:
+        _fail(str(e), EX_CONFIG)
+    if (ordinal is None) == (not operator):
+        raise InvalidInput("token", "give exactly one of --ordinal N and --operator")
+    if not settings.server_secret:
+        _fail("POOL_SERVER_SECRET (or POOL_SERVER_SECRET_FILE) is not set: no token to derive", EX_CONFIG)
+    if ordinal is not None and ordinal >= settings.pool_size:
+        raise InvalidInput("--ordinal", f"must be below POOL_SIZE ({settings.pool_size}), got {ordinal}")
+    secret = settings.server_secret
+    print(tokens.operator_token(secret) if ordinal is None else tokens.ordinal_token(secret, ordinal))
+
+
 # --- board ---------------------------------------------------------------------
 
 
@@ -298,6 +355,6 @@ def main() -> None:
         _fail(str(e), 1)
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
     print(f"poolctl: {message}", file=sys.stderr)
     sys.exit(code)
