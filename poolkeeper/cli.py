@@ -269,6 +269,40 @@ def token(
     print(tokens.operator_token(secret) if ordinal is None else tokens.ordinal_token(secret, ordinal))
 
 
+@app.command()
+def worker(
+    ordinal: Annotated[int, typer.Option(min=0, help="The ordinal this worker serves.")],
+    command: Annotated[
+        str, typer.Option(help="The command to run per grant (split like a shell, run without one).")
+    ],
+    url: Annotated[str, typer.Option(envvar="POOL_WORKER_URL", help="Where `poolctl serve` answers.")],
+    token_: Annotated[
+        str,
+        typer.Option("--token", envvar="POOL_WORKER_TOKEN", show_default=False, help="This ordinal's token."),
+    ] = "",
+    owner: Annotated[str | None, typer.Option(help="Instance name (default: host:pid:random).")] = None,
+    poll: Annotated[float, typer.Option(min=0.05, help="Seconds between offers while idle.")] = 1.0,
+    once: Annotated[bool, typer.Option("--once", help="Exit after delivering one result.")] = False,
+) -> None:
+    """Run COMMAND for each grant of ORDINAL: payload on stdin, heartbeats, result; SIGTERM releases."""
+    import logging
+    import shlex
+
+    from poolkeeper.client import PoolClient
+    from poolkeeper.worker import CommandWorker
+
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        raise InvalidInput("--command", str(e)) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    with PoolClient(url, token_ or None) as client:
+        runner = CommandWorker(client, ordinal, argv, owner=owner, poll_seconds=poll, once=once)
+        runner.install_signal_handlers()
+        raise typer.Exit(runner.run())
+
+
 # --- board ---------------------------------------------------------------------
 
 
