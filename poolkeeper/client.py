@@ -194,3 +194,45 @@ def _refusal(response: httpx.Response) -> PoolError:
         field, _, problem = text.partition(": ")
         return InvalidInput(field, problem) if problem else InvalidInput("request", text)
     return Refused(status, error or "HTTPError", text)
+
+
+class HttpPool:
+    """The store's worker API (``offer``, ``heartbeat``, ``accept_result``, ``release``) over HTTP.
+
+    One ``PoolClient`` per ordinal, each with that ordinal's token (``tokens[ordinal]``; ``None``
+    for a ``--local-only`` server): what the simulated workers use in the demo.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        tokens: Mapping[int, str | None],
+        *,
+        pool_size: int,
+        lease_seconds: float,
+        **options: Any,
+    ) -> None:
+        self.pool_size, self.lease_seconds = pool_size, lease_seconds
+        self.clients = {o: PoolClient(url, tokens.get(o), **options) for o in range(pool_size)}
+
+    def offer(self, ordinal: int, *, owner: str) -> Grant | None:
+        return self.clients[ordinal].offer(ordinal, owner)
+
+    def heartbeat(self, envelope: Mapping[str, Any]) -> str:
+        return self._client(envelope).send("heartbeat", envelope)
+
+    def accept_result(self, envelope: Mapping[str, Any]) -> str:
+        return self._client(envelope).send("result", envelope)
+
+    def release(self, envelope: Mapping[str, Any]) -> str:
+        return self._client(envelope).send("release", envelope)
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+    def _client(self, envelope: Mapping[str, Any]) -> PoolClient:
+        ordinal = envelope.get("worker_ordinal")
+        if not isinstance(ordinal, int) or ordinal not in self.clients:
+            raise InvalidInput("worker_ordinal", f"not an ordinal of this pool: {ordinal!r}")
+        return self.clients[ordinal]
