@@ -67,6 +67,10 @@ def offer(
       ``max_attempts``.
     - nothing on the ordinal, or a row holding a result: ``None``.
 
+    Two live instances asking on one ordinal fence each other out in turn
+    (the last to ask holds the run); the ordinal's credential is the
+    authority, so only a misconfigured pool runs two.
+
     The row is locked first (``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``
     already serialises writers), and the grant is one guarded UPDATE on the
     state, attempt and fence just read. A live grant never moves to another

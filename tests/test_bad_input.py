@@ -39,7 +39,7 @@ def _snapshot(store: PoolStore) -> list[Any]:
 
 
 @pytest.mark.parametrize(("field", "value", "message"), CASES)
-@pytest.mark.parametrize("kind", ["heartbeat", "result"])
+@pytest.mark.parametrize("kind", ["heartbeat", "result", "release"])
 def test_bad_envelope_is_refused_naming_the_field(
     store: PoolStore, kind: str, field: str, value: Any, message: str
 ) -> None:
@@ -50,7 +50,7 @@ def test_bad_envelope_is_refused_naming_the_field(
     else:
         env[field] = value
     before = _snapshot(store)
-    call = store.accept_result if kind == "result" else store.heartbeat
+    call = {"heartbeat": store.heartbeat, "result": store.accept_result, "release": store.release}[kind]
     with pytest.raises(InvalidInput) as refused:
         call(env, now=NOW)
     assert message in str(refused.value)
@@ -73,6 +73,23 @@ def test_bad_result_payload_is_refused(store: PoolStore, payload: Any, message: 
     before = _snapshot(store)
     with pytest.raises(InvalidInput, match=message.replace(".", r"\.")):
         store.accept_result(envelope(offer, payload=payload), now=NOW)
+    assert _snapshot(store) == before
+
+
+@pytest.mark.parametrize(
+    ("owner", "message"),
+    [
+        ("", "owner: must be 1 to 128"),
+        ("w" * 129, "owner: must be 1 to 128"),
+        ("w 1", "owner: may hold only"),
+        (7, "owner: expected a string"),
+    ],
+)
+def test_bad_owner_is_refused_and_nothing_is_granted(store: PoolStore, owner: Any, message: str) -> None:
+    store.add_run(board="b", task_id="t1", run_id=1, ordinal=0, payload={}, now=NOW)
+    before = _snapshot(store)
+    with pytest.raises(InvalidInput, match=message):
+        store.offer(0, owner=owner, now=NOW)
     assert _snapshot(store) == before
 
 
