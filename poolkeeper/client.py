@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import httpx
@@ -78,6 +78,9 @@ class Grant:
         }
 
 
+_GRANT_FIELDS = frozenset(f.name for f in fields(Grant)) - {"lease_seconds"}
+
+
 def new_delivery_id() -> str:
     return uuid.uuid4().hex
 
@@ -114,7 +117,10 @@ class PoolClient:
     def offer(self, ordinal: int, owner: str) -> Grant | None:
         got = self._call("POST", "/v1/offer", {"ordinal": ordinal, "owner": owner})
         grant = got["grant"]
-        return None if grant is None else Grant(**grant, lease_seconds=float(got["lease_seconds"]))
+        if grant is None:
+            return None
+        known = {k: v for k, v in grant.items() if k in _GRANT_FIELDS}  # a newer server may send more
+        return Grant(**known, lease_seconds=float(got["lease_seconds"]))
 
     def heartbeat(self, grant: Grant, delivery_id: str | None = None) -> str:
         return self.send("heartbeat", grant.envelope(delivery_id))
