@@ -232,6 +232,7 @@ def _add_docs(app: FastAPI) -> None:
             swagger_js_url="/docs/assets/swagger-ui-bundle.js",
             swagger_css_url="/docs/assets/swagger-ui.css",
             swagger_favicon_url="/docs/assets/favicon.png",
+            swagger_ui_parameters={"validatorUrl": None},  # no badge fetched from the validator's site
         )
 
 
