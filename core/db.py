@@ -256,6 +256,16 @@ def _sqlite_file(url: URL) -> Path | None:
     return Path(url.database)
 
 
+def schema_current(engine: Engine, package: str) -> bool:
+    """Whether ``package``'s schema is at head (readiness); a database that does not answer
+    raises ``Unavailable``/``TransientError``, as everywhere."""
+    try:
+        require_schema(engine, package, package)
+    except ConfigError:
+        return False
+    return True
+
+
 def run_alembic_env() -> None:
     """The body of every ``migrations/env.py``: run online against the given connection."""
     from alembic import context

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import exc as sa_exc
@@ -21,6 +22,7 @@ from core.errors import SettingsError, UnusableURL
 T = TypeVar("T")
 # A namespace starts every Redis key, the queue and the task names: short, no separators of its own.
 NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
+MIN_SECRET_CHARS = 32
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,19 @@ class Settings:
     # POOL_NAMESPACE: the deployment's name on a shared Redis: it starts every key, lock and
     # marker, the queue and the Celery task names, so deployments never see each other's work.
     namespace: str = "poolkeeper"
+    # POOL_SERVER_SECRET: what `poolctl serve` derives every bearer token from (at least 32
+    # characters; never logged, never handed to a child by ``env()``). POOL_SERVER_SECRET_FILE
+    # names a file holding it instead (a mounted Secret); giving both is an error. Empty: no auth,
+    # and `serve` starts only with --local-only on a loopback address.
+    server_secret: str = field(default="", repr=False)
+    # POOL_SERVE_HOST / POOL_SERVE_PORT: where `poolctl serve` listens.
+    serve_host: str = "127.0.0.1"
+    serve_port: int = 8080
+    # POOL_MAX_BODY_BYTES: the largest request body `serve` reads; past it, 413.
+    max_body_bytes: int = 1024 * 1024
+    # POOL_BODY_TIMEOUT_SECONDS: a client has this long to send each part of its body (else 408),
+    # so a slow client holds only its own connection.
+    body_timeout_seconds: float = 10.0
     # POOL_CHAOS_BOARD_BUSY_RATE: fraction of board calls failing as "busy" (demo, fault tests).
     chaos_board_busy_rate: float = 0.0
     # POOL_CHAOS_POISON_TASKS: comma-separated task ids whose every board call fails.
@@ -115,6 +130,15 @@ class Settings:
             "greater than POOL_BACKOFF_MAX_SECONDS, POOL_QUARANTINE_RETRY_SECONDS and POOL_TASK_TIME_LIMIT",
         )
         _check(self.metrics_port, "POOL_METRICS_PORT", lambda v: 0 <= v <= 65535, "a port or 0")
+        _check(self.serve_port, "POOL_SERVE_PORT", lambda v: 0 <= v <= 65535, "a port (0: any free one)")
+        _check(self.max_body_bytes, "POOL_MAX_BODY_BYTES", lambda v: 1024 <= v <= 64 << 20, "1 KiB to 64 MiB")
+        _check(self.body_timeout_seconds, "POOL_BODY_TIMEOUT_SECONDS", lambda v: 0 < v <= 600, "in (0, 600]")
+        if self.server_secret and len(self.server_secret) < MIN_SECRET_CHARS:
+            # never _check: its message would print the value
+            raise SettingsError(
+                f"POOL_SERVER_SECRET: must be at least {MIN_SECRET_CHARS} characters"
+                " (e.g. the output of `openssl rand -hex 32`)"
+            )
         _check(self.chaos_board_busy_rate, "POOL_CHAOS_BOARD_BUSY_RATE", lambda v: 0 <= v < 1, "in [0, 1)")
         _check(
             self.namespace,
@@ -138,6 +162,11 @@ class Settings:
                 continue
             kind = type(f.default)
             values[f.name] = _parse(raw.strip(), kind, _var(f.name))
+        secret_file = env.get("POOL_SERVER_SECRET_FILE", "").strip()
+        if secret_file:
+            if env.get("POOL_SERVER_SECRET"):
+                raise SettingsError("POOL_SERVER_SECRET_FILE: give it or POOL_SERVER_SECRET, not both")
+            values["server_secret"] = _read_secret(secret_file)
         values.update(overrides)
         return cls(**values)
 
@@ -151,8 +180,18 @@ class Settings:
         return frozenset(t.strip() for t in self.chaos_poison_tasks.split(",") if t.strip())
 
     def env(self) -> dict[str, str]:
-        """The ``POOL_*`` variables that reproduce these settings in a child process."""
-        return {_var(f.name): str(getattr(self, f.name)) for f in fields(self)}
+        """The ``POOL_*`` variables that reproduce these settings in a child process.
+
+        All but the server secret: a child that needs it (``serve``) is handed it on purpose.
+        """
+        return {_var(f.name): str(getattr(self, f.name)) for f in fields(self) if f.name != "server_secret"}
+
+
+def _read_secret(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise SettingsError(f"POOL_SERVER_SECRET_FILE: cannot read {path}: {type(err).__name__}") from None
 
 
 def _var(field_name: str) -> str:

@@ -14,7 +14,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -23,7 +23,7 @@ from rich.table import Table
 from board import KanbanBoard, TaskStatus
 from core import db, validate
 from core.db import mask_url
-from core.errors import InvalidInput, NotFound, exit_code
+from core.errors import InvalidInput, NotFound, SettingsError, exit_code
 from core.settings import Settings
 from poolkeeper import operator
 from store import PoolStore, queries, transitions
@@ -295,6 +295,97 @@ def demo(
     raise typer.Exit(code)
 
 
+# --- wire protocol -------------------------------------------------------------
+
+EX_CONFIG = 78  # sysexits.h: a configuration error; systemd's unit does not restart on it
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to bind [POOL_SERVE_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port [POOL_SERVE_PORT].")] = None,
+    local_only: Annotated[
+        bool,
+        typer.Option(
+            "--local-only", help="Allow serving without POOL_SERVER_SECRET (loopback only; no auth)."
+        ),
+    ] = False,
+    access_log: Annotated[bool, typer.Option("--access-log", help="Log one line per request.")] = False,
+) -> None:
+    """Serve the worker protocol over HTTP/JSON (/v1, /healthz, /readyz, /metrics, /docs)."""
+    from poolkeeper.server import serve as server
+
+    try:
+        settings = _settings()
+        server.run(
+            settings,
+            host=host or settings.serve_host,
+            port=settings.serve_port if port is None else port,
+            local_only=local_only,
+            access_log=access_log,
+        )
+    except SettingsError as e:
+        _fail(str(e), EX_CONFIG)
+
+
+@app.command()
+def token(
+    ordinal: Annotated[
+        int | None, typer.Option(min=0, help="The ordinal whose worker token to print.")
+    ] = None,
+    operator: Annotated[bool, typer.Option("--operator", help="Print the operator token.")] = False,
+) -> None:
+    """Print a bearer token derived from POOL_SERVER_SECRET (a worker's, or the operator's)."""
+    from poolkeeper import tokens
+
+    try:
+        settings = _settings()
+    except SettingsError as e:
+        _fail(str(e), EX_CONFIG)
+    if (ordinal is None) == (not operator):
+        raise InvalidInput("token", "give exactly one of --ordinal N and --operator")
+    if not settings.server_secret:
+        _fail("POOL_SERVER_SECRET (or POOL_SERVER_SECRET_FILE) is not set: no token to derive", EX_CONFIG)
+    if ordinal is not None and ordinal >= settings.pool_size:
+        raise InvalidInput("--ordinal", f"must be below POOL_SIZE ({settings.pool_size}), got {ordinal}")
+    secret = settings.server_secret
+    print(tokens.operator_token(secret) if ordinal is None else tokens.ordinal_token(secret, ordinal))
+
+
+@app.command()
+def worker(
+    ordinal: Annotated[int, typer.Option(min=0, help="The ordinal this worker serves.")],
+    command: Annotated[
+        str, typer.Option(help="The command to run per grant (split like a shell, run without one).")
+    ],
+    url: Annotated[str, typer.Option(envvar="POOL_WORKER_URL", help="Where `poolctl serve` answers.")],
+    token_: Annotated[
+        str,
+        typer.Option("--token", envvar="POOL_WORKER_TOKEN", show_default=False, help="This ordinal's token."),
+    ] = "",
+    owner: Annotated[str | None, typer.Option(help="Instance name (default: host:pid:random).")] = None,
+    poll: Annotated[float, typer.Option(min=0.05, help="Seconds between offers while idle.")] = 1.0,
+    once: Annotated[bool, typer.Option("--once", help="Exit after delivering one result.")] = False,
+) -> None:
+    """Run COMMAND for each grant of ORDINAL: payload on stdin, heartbeats, result; SIGTERM releases."""
+    import logging
+    import shlex
+
+    from poolkeeper.client import PoolClient
+    from poolkeeper.worker import CommandWorker
+
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        raise InvalidInput("--command", str(e)) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    with PoolClient(url, token_ or None) as client:
+        runner = CommandWorker(client, ordinal, argv, owner=owner, poll_seconds=poll, once=once)
+        runner.install_signal_handlers()
+        raise typer.Exit(runner.run())
+
+
 # --- board ---------------------------------------------------------------------
 
 
@@ -423,7 +514,7 @@ def _require_utf8(args: list[str]) -> None:
             raise InvalidInput(name, f"{err.problem}: {arg!a}") from None
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
     one_line = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     print(f"poolctl: {one_line}", file=sys.stderr)
     sys.exit(code)

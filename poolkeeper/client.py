@@ -1,0 +1,244 @@
+"""A Python client of the wire protocol (``poolctl serve``), for pool workers on other hosts.
+
+``PoolClient`` posts JSON with its ordinal's bearer token. A busy store (503)
+or a broken connection is retried with exponential backoff and jitter
+(``core.retry.RetryPolicy``), at least as long as ``Retry-After`` asks; a retry
+of one call sends the same delivery id, so the store answers a delivery that
+already landed with ``duplicate``. Refusals come back as the project's errors,
+by the class the server names: ``StaleHolder``, ``DeliveryConflict`` (409),
+``NotFound`` (404), ``InvalidInput`` (422), ``Refused`` (401, 403, 413),
+``TransientError`` once the retries are spent.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import httpx
+
+from core import errors
+from core.errors import InvalidInput, NotFound, PoolError, ProtocolError, TransientError
+from core.retry import RetryPolicy
+
+CLIENT_RETRY = RetryPolicy(base_seconds=0.2, max_seconds=5.0)  # 0.1-0.2 s, 0.2-0.4 s, ... up to 2.5-5 s
+_PROTOCOL = {
+    cls.__name__: cls
+    for cls in (
+        errors.StaleHolder,
+        errors.DeliveryConflict,
+        errors.LostRace,
+        errors.OrdinalTaken,
+        errors.DuplicateIdentity,
+    )
+}
+
+
+class Refused(PoolError):
+    """The server refused the caller or the request itself: 401, 403, 408, 413, or an unexpected answer."""
+
+    def __init__(self, status: int, error: str, detail: str) -> None:
+        super().__init__(f"{status} {error}: {detail}")
+        self.status, self.error, self.detail = status, error, detail
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A grant as ``offer`` returns it; the attributes are those of ``store.Offer``."""
+
+    row_id: int
+    board: str
+    task_id: str
+    run_id: int
+    ordinal: int
+    owner: str
+    attempt: int
+    fence: int
+    lease_until: float
+    payload: dict[str, Any]
+    payload_digest: str
+    protocol_version: int
+    lease_seconds: float
+
+    def envelope(self, delivery_id: str | None = None, **extra: Any) -> dict[str, Any]:
+        """The envelope naming this exact holder (``extra``: ``payload`` for a result)."""
+        return {
+            "delivery_id": delivery_id or new_delivery_id(),
+            "board": self.board,
+            "task_id": self.task_id,
+            "run_id": self.run_id,
+            "worker_ordinal": self.ordinal,
+            "attempt": self.attempt,
+            "fence": self.fence,
+            "payload_digest": self.payload_digest,
+            **extra,
+        }
+
+
+_GRANT_FIELDS = frozenset(f.name for f in fields(Grant)) - {"lease_seconds"}
+
+
+def new_delivery_id() -> str:
+    return uuid.uuid4().hex
+
+
+class PoolClient:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 10.0,
+        retry: RetryPolicy = CLIENT_RETRY,
+        tries: int = 6,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
+        self.retry, self.tries, self.sleep = retry, max(tries, 1), sleep
+
+    def __enter__(self) -> PoolClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- the protocol ------------------------------------------------------------
+
+    def offer(self, ordinal: int, owner: str) -> Grant | None:
+        got = self._call("POST", "/v1/offer", {"ordinal": ordinal, "owner": owner})
+        grant = got["grant"]
+        if grant is None:
+            return None
+        known = {k: v for k, v in grant.items() if k in _GRANT_FIELDS}  # a newer server may send more
+        return Grant(**known, lease_seconds=float(got["lease_seconds"]))
+
+    def heartbeat(self, grant: Grant, delivery_id: str | None = None) -> str:
+        return self.send("heartbeat", grant.envelope(delivery_id))
+
+    def deliver(self, grant: Grant, result: Mapping[str, Any], delivery_id: str | None = None) -> str:
+        return self.send("result", grant.envelope(delivery_id, payload=dict(result)))
+
+    def release(self, grant: Grant, delivery_id: str | None = None) -> str:
+        return self.send("release", grant.envelope(delivery_id))
+
+    def send(self, kind: str, envelope: Mapping[str, Any]) -> str:
+        """Post a ready envelope to ``heartbeat``, ``result`` or ``release``; its outcome."""
+        return str(self._call("POST", f"/v1/{kind}", dict(envelope))["outcome"])
+
+    def ready(self) -> bool:
+        try:
+            return self._http.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    # --- transport ---------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One call, retried as is (same body, so the same delivery id) while transient."""
+        for n in range(1, self.tries + 1):
+            wait = self.retry.backoff(n)
+            try:
+                response = self._http.request(method, path, json=body)
+            except httpx.TransportError as err:
+                problem = f"{path}: {type(err).__name__}: {err}"
+            else:
+                if response.status_code < 300:
+                    found: dict[str, Any] = response.json()
+                    return found
+                if response.status_code != 503:
+                    raise _refusal(response)
+                problem = f"{path}: 503 {_body(response).get('detail', '')}"
+                wait = max(wait, _retry_after(response))
+            if n < self.tries:
+                self.sleep(wait)
+        raise TransientError(f"{problem} (after {self.tries} tries)")
+
+
+def _body(response: httpx.Response) -> dict[str, Any]:
+    try:
+        found = response.json()
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return min(float(response.headers.get("retry-after", "0")), 60.0)
+    except ValueError:
+        return 0.0
+
+
+def _refusal(response: httpx.Response) -> PoolError:
+    body = _body(response)
+    error, detail = str(body.get("error", "")), body.get("detail", response.text[:200])
+    text = (
+        detail
+        if isinstance(detail, str)
+        else "; ".join(
+            f"{'.'.join(map(str, d.get('loc', ())))}: {d.get('msg', '')}"
+            for d in detail
+            if isinstance(d, dict)
+        )
+    )
+    status = response.status_code
+    if status == 409:
+        return _PROTOCOL.get(error, ProtocolError)(text)
+    if status == 404 and error == "NotFound":
+        return NotFound(text)
+    if status == 422:
+        field, _, problem = text.partition(": ")
+        return InvalidInput(field, problem) if problem else InvalidInput("request", text)
+    return Refused(status, error or "HTTPError", text)
+
+
+class HttpPool:
+    """The store's worker API (``offer``, ``heartbeat``, ``accept_result``, ``release``) over HTTP.
+
+    One ``PoolClient`` per ordinal, each with that ordinal's token (``tokens[ordinal]``; ``None``
+    for a ``--local-only`` server): what the simulated workers use in the demo.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        tokens: Mapping[int, str | None],
+        *,
+        pool_size: int,
+        lease_seconds: float,
+        **options: Any,
+    ) -> None:
+        self.pool_size, self.lease_seconds = pool_size, lease_seconds
+        self.clients = {o: PoolClient(url, tokens.get(o), **options) for o in range(pool_size)}
+
+    def offer(self, ordinal: int, *, owner: str) -> Grant | None:
+        return self.clients[ordinal].offer(ordinal, owner)
+
+    def heartbeat(self, envelope: Mapping[str, Any]) -> str:
+        return self._client(envelope).send("heartbeat", envelope)
+
+    def accept_result(self, envelope: Mapping[str, Any]) -> str:
+        return self._client(envelope).send("result", envelope)
+
+    def release(self, envelope: Mapping[str, Any]) -> str:
+        return self._client(envelope).send("release", envelope)
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+    def _client(self, envelope: Mapping[str, Any]) -> PoolClient:
+        ordinal = envelope.get("worker_ordinal")
+        if not isinstance(ordinal, int) or ordinal not in self.clients:
+            raise InvalidInput("worker_ordinal", f"not an ordinal of this pool: {ordinal!r}")
+        return self.clients[ordinal]

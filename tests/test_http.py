@@ -1,0 +1,415 @@
+"""``poolctl serve`` as a real uvicorn process: the protocol round trip, auth, limits, error classes, schema.
+
+Each test starts the server as a subprocess on a free loopback port (as an
+operator would) and talks to it over HTTP; the store is read back directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from core.errors import DeliveryConflict, InvalidInput, NotFound, StaleHolder
+from core.settings import Settings
+from poolkeeper import tokens
+from poolkeeper.client import Grant, PoolClient
+from poolkeeper.embedded import ServeProc, free_port
+from store import PoolStore
+from tests.factories import row_state
+
+SECRET = "test-secret-" + "0123456789abcdef" * 3
+
+
+@dataclass
+class Served:
+    proc: ServeProc
+    store: PoolStore
+
+    @property
+    def url(self) -> str:
+        return self.proc.url
+
+    def client(self, ordinal: int | None = 0, **options: Any) -> PoolClient:
+        token = tokens.operator_token(SECRET) if ordinal is None else tokens.ordinal_token(SECRET, ordinal)
+        return PoolClient(self.url, token, **options)
+
+    def post(
+        self, path: str, body: Any, token: str | None = None, headers: dict[str, str] | None = None
+    ) -> httpx.Response:
+        sent = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.post(f"{self.url}{path}", json=body, headers={**sent, **(headers or {})}, timeout=30)
+
+
+def start(settings: Settings, tmp: Path, store: PoolStore, **options: Any) -> Iterator[Served]:
+    proc = ServeProc(settings.env(), tmp, **options)
+    try:
+        yield Served(proc.wait_ready(), store)
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def served(settings: Settings, store: PoolStore, tmp_path: Path) -> Iterator[Served]:
+    """A server with a secret over the store of the backend under test (SQLite, then PostgreSQL)."""
+    yield from start(settings, tmp_path, store, secret=SECRET)
+
+
+@pytest.fixture
+def sqlite_settings(tmp_path: Path) -> Settings:
+    url = f"sqlite:///{tmp_path}/pool.db"
+    return Settings(database_url=url, board_url=url, pool_size=3, lease_seconds=30)
+
+
+@pytest.fixture
+def sqlite_store(sqlite_settings: Settings) -> Iterator[PoolStore]:
+    st = PoolStore.from_settings(sqlite_settings)
+    st.migrate()
+    yield st
+    st.engine.dispose()
+
+
+@pytest.fixture
+def served_sqlite(sqlite_settings: Settings, sqlite_store: PoolStore, tmp_path: Path) -> Iterator[Served]:
+    yield from start(
+        replace(sqlite_settings, body_timeout_seconds=1.0), tmp_path, sqlite_store, secret=SECRET
+    )
+
+
+def given_assigned(store: PoolStore, ordinal: int = 0, task_id: str = "t1") -> int:
+    store.add_run(board="b", task_id=task_id, run_id=1, ordinal=ordinal, payload={"title": task_id})
+    with store.session(readonly=True) as s:
+        found = s.execute(text("SELECT id FROM assignments WHERE task_id = :t"), {"t": task_id}).scalar_one()
+    return int(found)
+
+
+def taken(served: Served, ordinal: int = 0, task_id: str = "t1") -> tuple[int, Grant]:
+    row = given_assigned(served.store, ordinal, task_id)
+    with served.client(ordinal) as client:
+        grant = client.offer(ordinal, owner=f"w{ordinal}")
+    assert grant is not None
+    return row, grant
+
+
+# --- the protocol -------------------------------------------------------------------
+
+
+def test_a_worker_takes_beats_and_delivers_over_http(served: Served) -> None:
+    row = given_assigned(served.store)
+    with served.client(0) as client:
+        grant = client.offer(0, owner="w0")
+        assert grant is not None and (grant.board, grant.task_id, grant.attempt) == ("b", "t1", 1)
+        assert client.offer(0, owner="w0") == grant  # the same owner asking again: the same grant
+        assert grant.payload == {"title": "t1"} and grant.lease_seconds == 30 and grant.protocol_version == 1
+        assert client.heartbeat(grant, delivery_id="hb-1") == "applied"
+        assert client.heartbeat(grant, delivery_id="hb-1") == "duplicate"  # a retried delivery
+        assert client.deliver(grant, {"status": "done", "answer": 42}) == "applied"
+    state = row_state(served.store, row)
+    assert state["state"] == "result" and json.loads(state["result"]) == {"status": "done", "answer": 42}
+
+
+def test_a_released_run_is_reoffered_at_once_with_the_next_attempt(served: Served) -> None:
+    row, grant = taken(served)
+    with served.client(0) as client:
+        assert client.release(grant, delivery_id="rel-1") == "reoffered"
+        assert client.release(grant, delivery_id="rel-1") == "duplicate"
+        again = client.offer(0, owner="w0-restarted")
+    assert again is not None and again.attempt == 2 and again.fence > grant.fence
+    assert row_state(served.store, row)["owner"] == "w0-restarted"
+
+
+def test_a_restarted_worker_fences_out_its_old_self(served: Served) -> None:
+    _, old = taken(served)
+    with served.client(0) as client:
+        new = client.offer(0, owner="w0-new")
+        assert new is not None and new.attempt == old.attempt and new.fence > old.fence
+        with pytest.raises(StaleHolder, match="fence"):
+            client.heartbeat(old)
+        assert client.heartbeat(new) == "applied"
+
+
+# --- auth ---------------------------------------------------------------------------
+
+
+def test_no_or_foreign_token_is_401(served: Served) -> None:
+    given_assigned(served.store)
+    body = {"ordinal": 0, "owner": "w"}
+    for token in (None, "o0." + "0" * 64, tokens.ordinal_token("another-secret-" + "x" * 32, 0), "garbage"):
+        answer = served.post("/v1/offer", body, token)
+        assert answer.status_code == 401, answer.text
+        assert answer.json()["error"] == "Unauthenticated" and answer.headers["www-authenticate"] == "Bearer"
+    assert served.post("/v1/offer", body, headers={"Authorization": "Basic dTpw"}).status_code == 401
+
+
+def test_a_token_acts_only_for_its_own_ordinal(served: Served) -> None:
+    row, grant = taken(served)
+    before = row_state(served.store, row)
+    other, operator = tokens.ordinal_token(SECRET, 1), tokens.operator_token(SECRET)
+    for token in (other, operator):
+        for path, body in (
+            ("/v1/offer", {"ordinal": 0, "owner": "thief"}),
+            ("/v1/heartbeat", grant.envelope()),
+            ("/v1/release", grant.envelope()),
+            ("/v1/result", grant.envelope(payload={"status": "done"})),
+        ):
+            answer = served.post(path, body, token)
+            assert answer.status_code == 403, (path, answer.text)
+            assert answer.json()["error"] == "Forbidden"
+    assert row_state(served.store, row) == before  # nothing changed
+
+
+def test_the_operator_token_guards_admin_reads(served: Served) -> None:
+    taken(served)
+    worker = httpx.get(
+        f"{served.url}/v1/status", headers={"Authorization": f"Bearer {tokens.ordinal_token(SECRET, 0)}"}
+    )
+    assert worker.status_code == 403
+    op = httpx.get(
+        f"{served.url}/v1/status", headers={"Authorization": f"Bearer {tokens.operator_token(SECRET)}"}
+    )
+    assert (
+        op.status_code == 200 and op.json()["rows"]["running"] == 1 and op.json()["free_ordinals"] == [1, 2]
+    )
+
+
+def poolctl(
+    tmp: Path, *args: str, env: dict[str, str], timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("POOL_SERVER_SECRET")}
+    return subprocess.run(
+        [sys.executable, "-c", "from poolkeeper.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        env={**base, "POOL_DATABASE_URL": f"sqlite:///{tmp}/pool.db", **env},
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        ((), {}, "POOL_SERVER_SECRET (or POOL_SERVER_SECRET_FILE) is not set"),
+        (("--local-only", "--host", "0.0.0.0"), {}, "--local-only: 0.0.0.0 is not a loopback address"),
+        ((), {"POOL_SERVER_SECRET": "short"}, "POOL_SERVER_SECRET: must be at least 32 characters"),
+    ],
+)
+def test_serve_refuses_to_start_without_auth_in_one_line(
+    tmp_path: Path, args: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    done = poolctl(tmp_path, "serve", "--port", str(free_port()), *args, env=env)
+    assert done.returncode == 78
+    assert done.stderr.strip().splitlines() == [f"poolctl: {done.stderr.strip().removeprefix('poolctl: ')}"]
+    assert message in done.stderr and "short" not in done.stderr  # a secret is never echoed
+
+
+def test_tokens_come_from_the_secret_file(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text(SECRET + "\n")
+    env = {"POOL_SERVER_SECRET_FILE": str(tmp_path / "secret")}
+    done = poolctl(tmp_path, "token", "--ordinal", "2", env=env)
+    assert done.returncode == 0 and done.stdout.strip() == tokens.ordinal_token(SECRET, 2)
+    assert poolctl(tmp_path, "token", "--operator", env=env).stdout.strip() == tokens.operator_token(SECRET)
+    assert poolctl(tmp_path, "token", "--ordinal", "3", env=env).returncode == 2  # POOL_SIZE is 3
+    assert poolctl(tmp_path, "token", "--ordinal", "0", env={}).returncode == 78
+
+
+def test_local_only_serves_loopback_without_tokens(
+    sqlite_settings: Settings, sqlite_store: PoolStore, tmp_path: Path
+) -> None:
+    given_assigned(sqlite_store)
+    for served in start(sqlite_settings, tmp_path, sqlite_store, local_only=True):
+        with PoolClient(served.url) as client:
+            grant = client.offer(0, owner="local")
+            assert grant is not None and client.heartbeat(grant) == "applied"
+        assert "auth: none (--local-only)" in served.proc.text()
+
+
+# --- limits and error classes ------------------------------------------------------
+
+
+def test_an_oversized_body_is_413_before_it_is_read(served_sqlite: Served) -> None:
+    token = tokens.ordinal_token(SECRET, 0)
+    big = {"ordinal": 0, "owner": "w", "pad": "x" * (1024 * 1024)}
+    answer = served_sqlite.post("/v1/offer", big, token)
+    assert answer.status_code == 413 and answer.json()["error"] == "BodyTooLarge"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        for _ in range(40):
+            yield b" " * 65536
+
+    chunked = httpx.post(
+        f"{served_sqlite.url}/v1/offer", content=chunks(), headers={"Authorization": f"Bearer {token}"}
+    )
+    assert chunked.status_code == 413
+
+
+def test_a_slow_client_blocks_nobody_and_times_out_alone(served_sqlite: Served) -> None:
+    given_assigned(served_sqlite.store)
+    slow = socket.create_connection(("127.0.0.1", served_sqlite.proc.port))
+    slow.sendall(
+        b"POST /v1/offer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{"
+    )
+    try:
+        started = time.monotonic()
+        with served_sqlite.client(0) as client:
+            assert client.offer(0, owner="w0") is not None
+        assert time.monotonic() - started < 0.5
+        slow.settimeout(5)
+        assert slow.recv(4096).startswith(b"HTTP/1.1 408")  # POOL_BODY_TIMEOUT_SECONDS=1 here
+    finally:
+        slow.close()
+
+
+def test_refusals_are_json_by_class(served: Served) -> None:
+    row, grant = taken(served)
+    with served.client(0) as client:
+        assert client.heartbeat(grant, delivery_id="d1") == "applied"
+        with pytest.raises(DeliveryConflict):  # 409: same delivery id, other content
+            client.deliver(grant, {"status": "done"}, delivery_id="d1")
+        with pytest.raises(StaleHolder, match="fence"):  # 409: a stale fence
+            client.heartbeat(replace(grant, fence=grant.fence + 1))
+        with pytest.raises(NotFound):  # 404: no such run
+            client.heartbeat(replace(grant, task_id="nope"))
+        with pytest.raises(InvalidInput, match="credential"):  # 422 from the store's own checks
+            client.deliver(grant, {"status": "done", "api_key": "x"})
+    token = tokens.ordinal_token(SECRET, 0)
+    for body in (
+        {"ordinal": "0", "owner": "w"},
+        {"ordinal": 0},
+        {"ordinal": 0, "owner": "w", "x": 1},
+        [1],
+        "{",
+    ):
+        answer = served.post("/v1/offer", body, token)
+        assert answer.status_code == 422 and answer.json()["error"] == "ValidationError", body
+    bad = httpx.post(
+        f"{served.url}/v1/offer",
+        content=b"{not json",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    assert bad.status_code == 422
+    assert served.post("/v1/result", grant.envelope(payload={"status": "blocked"}), token).status_code == 422
+    assert httpx.get(f"{served.url}/v1/nowhere").json() == {"error": "NotFound", "detail": "Not Found"}
+    assert httpx.get(f"{served.url}/v1/offer").status_code == 405
+    assert row_state(served.store, row)["state"] == "running"
+
+
+def test_a_locked_store_is_503_with_retry_after(served_sqlite: Served, tmp_path: Path) -> None:
+    given_assigned(served_sqlite.store)
+    lock = sqlite3.connect(tmp_path / "pool.db", isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        answer = served_sqlite.post(
+            "/v1/offer", {"ordinal": 0, "owner": "w"}, tokens.ordinal_token(SECRET, 0)
+        )
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+    assert answer.json()["error"] == "TransientError"
+    with served_sqlite.client(0) as client:  # and the client rides it out
+        assert client.offer(0, owner="w") is not None
+
+
+def test_readyz_waits_for_the_migrated_store(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/fresh.db"
+    settings = Settings(database_url=url, board_url=url)
+    store = PoolStore.from_settings(settings)
+    for served in start(settings, tmp_path, store, secret=SECRET):
+        assert httpx.get(f"{served.url}/healthz").json() == {"status": "ok"}
+        not_yet = httpx.get(f"{served.url}/readyz")
+        assert not_yet.status_code == 503 and "poolctl init" in not_yet.json()["detail"]
+        assert (
+            served.post(
+                "/v1/offer", {"ordinal": 0, "owner": "w"}, tokens.ordinal_token(SECRET, 0)
+            ).status_code
+            == 503
+        )
+        store.migrate()
+        assert httpx.get(f"{served.url}/readyz").json() == {"status": "ready"}
+    store.engine.dispose()
+
+
+def test_metrics_count_requests_and_read_the_store(served: Served) -> None:
+    taken(served)
+    text = httpx.get(f"{served.url}/metrics").text
+    assert 'poolkeeper_http_requests_total{method="POST",route="/v1/offer",status="200"} 1.0' in text
+    assert 'poolkeeper_rows{state="running"} 1.0' in text and "poolkeeper_store_up 1.0" in text
+    assert SECRET not in text and SECRET not in served.proc.text()
+
+
+def test_schema_is_openapi_31_and_the_docs_load_nothing_from_elsewhere(served_sqlite: Served) -> None:
+    schema = httpx.get(f"{served_sqlite.url}/openapi.json").json()
+    assert schema["openapi"].startswith("3.1")
+    assert {
+        "/v1/offer",
+        "/v1/heartbeat",
+        "/v1/result",
+        "/v1/release",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    } <= set(schema["paths"])
+    page = httpx.get(f"{served_sqlite.url}/docs").text
+    assert "http://" not in page and "https://" not in page
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        assert f"/docs/assets/{asset}" in page
+        assert httpx.get(f"{served_sqlite.url}/docs/assets/{asset}").status_code == 200
+
+
+# --- generated input: schemathesis over the served schema ---------------------------
+
+
+@pytest.mark.parametrize("auth", ["local-only", "token"])
+def test_no_generated_input_gets_a_5xx_or_breaks_the_schema(
+    auth: str, sqlite_settings: Settings, sqlite_store: PoolStore, tmp_path: Path
+) -> None:
+    """Positive and negative input on every operation: no 5xx (503 aside), answers match the schema."""
+    for i in range(3):
+        given_assigned(sqlite_store, ordinal=i, task_id=f"t{i}")
+    options: dict[str, Any] = {"local_only": True} if auth == "local-only" else {"secret": SECRET}
+    header = (
+        [] if auth == "local-only" else ["-H", f"Authorization: Bearer {tokens.ordinal_token(SECRET, 0)}"]
+    )
+    for served in start(sqlite_settings, tmp_path, sqlite_store, **options):
+        done = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("st")),
+                "run",
+                f"{served.url}/openapi.json",
+                *header,
+                "--checks",
+                "not_a_server_error,status_code_conformance,content_type_conformance,"
+                "response_schema_conformance,response_headers_conformance,negative_data_rejection",
+                "--max-examples",
+                "50",
+                "--phases",
+                "examples,coverage,fuzzing",
+                "--seed",
+                "1",
+                "--workers",
+                "2",
+                "--request-timeout",
+                "10",
+                "--suppress-health-check",
+                "all",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=400,
+            cwd=tmp_path,  # its report folder lands there
+        )
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+        assert "Traceback" not in served.proc.text()

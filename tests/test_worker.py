@@ -1,0 +1,148 @@
+"""``poolctl worker`` end to end: a real command per grant, over a real ``poolctl serve``.
+
+The worker and the server are subprocesses; the store is read back directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from core.settings import Settings
+from poolkeeper import tokens
+from poolkeeper.embedded import ServeProc, wait_for
+from store import PoolStore
+from tests.factories import row_state
+
+SECRET = "worker-test-secret-" + "0123456789abcdef" * 3
+
+
+@pytest.fixture
+def server(settings: Settings, store: PoolStore, tmp_path: Path) -> Iterator[ServeProc]:
+    """A server whose leases last 1.5 s: a run outlives its lease only if the worker heartbeats."""
+    proc = ServeProc(replace(settings, lease_seconds=1.5).env(), tmp_path, secret=SECRET)
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+def given_run(store: PoolStore, payload: dict[str, Any], ordinal: int = 0) -> int:
+    store.add_run(board="b", task_id="t1", run_id=1, ordinal=ordinal, payload=payload)
+    with store.session(readonly=True) as s:
+        return int(s.execute(text("SELECT id FROM assignments WHERE task_id = 't1'")).scalar_one())
+
+
+POOLCTL = [sys.executable, "-c", "from poolkeeper.cli import main; main()"]
+
+
+def python(script: str) -> str:
+    return shlex.join([sys.executable, "-c", script])
+
+
+def worker(
+    server: ServeProc, command: str, *extra: str, ordinal: int = 0, token: str | None = None
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*POOLCTL, "worker", "--ordinal", str(ordinal), "--command", command, "--url", server.url, *extra],
+        env={**os.environ, "POOL_WORKER_TOKEN": token or tokens.ordinal_token(SECRET, ordinal)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finished(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    _, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return err
+
+
+ECHO = """
+import json, os, sys, time
+payload = json.load(sys.stdin)
+time.sleep(3)  # two leases' worth: only heartbeats keep the grant
+env = os.environ
+print("title:", payload["title"], "token:", env.get("POOL_WORKER_TOKEN"), "task:", env["POOL_TASK_ID"])
+print("working", file=sys.stderr)
+"""
+
+
+def test_a_command_runs_with_the_payload_on_stdin_and_its_output_is_the_result(
+    server: ServeProc, store: PoolStore
+) -> None:
+    row = given_run(store, {"title": "hello"})
+    log = finished(worker(server, python(ECHO), "--once"))
+    state = row_state(store, row)
+    assert state["state"] == "result", log[-3000:]
+    result = json.loads(state["result"])
+    assert result == {
+        "status": "done",
+        "exit_code": 0,
+        "stdout_tail": "title: hello token: None task: t1\n",  # the worker's token is not passed on
+        "stderr_tail": "working\n",
+    }
+
+
+def test_a_failing_command_parks_its_run_with_the_exit_code_and_last_error_line(
+    server: ServeProc, store: PoolStore
+) -> None:
+    row = given_run(store, {"title": "x"})
+    script = "import sys; print('x' * 10000); sys.stderr.write('first\\nboom\\n'); sys.exit(3)"
+    finished(worker(server, python(script), "--once"))
+    result = json.loads(row_state(store, row)["result"])
+    assert result["status"] == "blocked" and result["reason"] == "exit code 3: boom"
+    assert result["exit_code"] == 3 and len(result["stdout_tail"]) == 4096  # the bounded tail
+
+
+def test_sigterm_stops_the_command_and_releases_the_run(
+    server: ServeProc, store: PoolStore, tmp_path: Path
+) -> None:
+    row = given_run(store, {"title": "long"})
+    pidfile = tmp_path / "child.pid"
+    script = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    proc = worker(server, python(script))
+    wait_for("the command to start", lambda: pidfile.exists() and pidfile.read_text(), 60)
+    child = int(pidfile.read_text())
+    time.sleep(2)  # past its first lease: heartbeats are keeping it
+    assert row_state(store, row)["state"] == "running"
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    log = finished(proc, timeout=30)
+    assert time.monotonic() - started < 15
+    state = row_state(store, row)
+    assert (state["state"], state["attempt"]) == ("assigned", 2), log[-3000:]  # re-offered at once
+    assert "released (reoffered)" in log
+    assert (
+        not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()
+    )
+
+
+def test_a_command_that_cannot_start_is_a_blocked_result(server: ServeProc, store: PoolStore) -> None:
+    row = given_run(store, {"title": "x"})
+    finished(worker(server, "/nonexistent/program --flag", "--once"))
+    result = json.loads(row_state(store, row)["result"])
+    assert result["status"] == "blocked"
+    assert result["reason"].startswith("cannot run the command: FileNotFoundError")
+
+
+def test_a_token_of_another_ordinal_stops_the_worker_with_one_line(
+    server: ServeProc, store: PoolStore
+) -> None:
+    given_run(store, {"title": "x"})
+    proc = worker(server, "true", token=tokens.ordinal_token(SECRET, 1))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "403 Forbidden" in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("poolctl: 403 Forbidden")
