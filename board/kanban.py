@@ -206,7 +206,7 @@ class KanbanBoard:
         if not validate.text("title", title).strip():
             raise InvalidInput("title", "must not be empty")
         # Materialize's own check, at the largest run id: a task the pool would park is refused now.
-        validate.run_payload(board=board, task_id=task_id, run_id=validate.MAX_ID, title=title, body=body)
+        validate.run_payload(board=board, task_id=task_id, run_id=validate.INT64_MAX, title=title, body=body)
         now = time.time()
         with self._tx() as conn:
             if conn.scalar(select(boards.c.name).where(boards.c.name == board)) is None:

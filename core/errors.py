@@ -100,13 +100,15 @@ class UnusableURL(SettingsError, ConfigError):
 
 
 # What a command-line process exits with, by error class (first match wins): `poolctl`,
-# and a worker or beat that refuses to start. Anything else is 1 (an internal error).
+# and a worker or beat that refuses to start. Anything not ours is 1 too, reported as an
+# internal error with a hint to the traceback.
 EXIT_CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, str], ...] = (
     (ConfigError, 78, ""),  # first: an unusable URL is a setting and a configuration error
     ((SettingsError, InvalidInput, NotFound), 2, ""),
     (Unavailable, 69, ""),
     (TransientError, 75, "busy, try again: "),
     (LostRace, 75, "changed concurrently, try again: "),
+    (PoolError, 1, ""),  # any other refusal of ours (a server's 403, a stale grant): one plain line
 )
 
 

@@ -26,8 +26,7 @@ MAX_DEPTH = 64  # containers nested at most this deep; far below the interpreter
 INT32_MAX = 2**31 - 1  # an ``Integer`` column (SQLAlchemy: 32-bit on PostgreSQL)
 INT64_MAX = 2**63 - 1  # a ``BigInteger`` column (and any SQLite integer)
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
-# Row ids, run ids and fences are at most 63-bit: a SQLite INTEGER, a PostgreSQL BIGINT.
-MAX_ID = INT64_MAX
+MAX_ROW_ID = INT32_MAX  # a pool row id is an ``Integer`` column
 SECRET_KEY_RE = re.compile(
     r"passw(or)?d|passphrase|secret|token|api[_-]?key|access[_-]?key|private[_-]?key"
     r"|credential|(^|[_-])auth($|[_-]|orization)|cookie|session[_-]?id",

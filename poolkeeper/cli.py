@@ -176,7 +176,7 @@ def _row_dict(row: Any) -> dict[str, Any]:
 def rows(
     state: Annotated[str | None, typer.Option(help="Only rows in this state.")] = None,
     quarantined: Annotated[bool, typer.Option("--quarantined", help="Only quarantined rows.")] = False,
-    limit: Annotated[int, typer.Option(min=1, max=validate.MAX_ID)] = 1000,
+    limit: Annotated[int, typer.Option(min=1, max=validate.INT32_MAX)] = 1000,
     as_json: JsonOpt = False,
 ) -> None:
     """List pool rows."""
@@ -208,7 +208,7 @@ def rows(
 
 @app.command()
 def requeue(
-    row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ID, help="Row id (see `poolctl rows`).")],
+    row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ROW_ID, help="Row id (see `poolctl rows`).")],
 ) -> None:
     """Clear a row's backoff and quarantine so the next scan retries it now."""
     with _store("write").session() as s:
@@ -218,7 +218,7 @@ def requeue(
 
 @app.command()
 def abandon(
-    row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ID, help="Row id (see `poolctl rows`).")],
+    row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ROW_ID, help="Row id (see `poolctl rows`).")],
     reason: Annotated[str, typer.Option(help="Why; it goes on the board.")] = operator.DEFAULT_ABANDON_REASON,
 ) -> None:
     """Give up on a row: park its exact run on the board, make the row stale, free its ordinal."""

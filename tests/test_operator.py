@@ -15,7 +15,7 @@ from store.models import RowState
 from tasks.maintain import maintain_once
 from tasks.metrics import StoreCollector
 from tasks.plane import Plane
-from tests.factories import NOW, envelope, row_state
+from tests.factories import NOW, OWNER, envelope, row_state
 
 
 def given_running(store: PoolStore, kanban: KanbanBoard, task_id: str = "t1", ordinal: int = 0) -> Offer:
@@ -23,7 +23,7 @@ def given_running(store: PoolStore, kanban: KanbanBoard, task_id: str = "t1", or
     kanban.add_task("b", f"task {task_id}", task_id=task_id)
     [claim] = kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
     store.add_run(board="b", task_id=task_id, run_id=claim.run_id, ordinal=ordinal, payload={"t": 1}, now=NOW)
-    offer = store.offer(ordinal, now=NOW)
+    offer = store.offer(ordinal, owner=OWNER, now=NOW)
     assert offer is not None
     return offer
 
@@ -51,7 +51,7 @@ def test_cancel_of_a_running_task_fences_its_worker_out_at_once(
         store.heartbeat(envelope(offer, "hb"), now=NOW + 1)
     with pytest.raises(StaleHolder):
         store.accept_result(envelope(offer, "res", payload={"status": "done"}), now=NOW + 1)
-    assert store.offer(0, now=NOW + 1) is None, "the run is not offered again"
+    assert store.offer(0, owner=OWNER, now=NOW + 1) is None, "the run is not offered again"
     maintain_once(plane, NOW + 2)  # the plane afterwards agrees: nothing to undo
     task = kanban.get_task("b", "t1")
     assert task is not None and task.status is TaskStatus.DONE and task.result == {"cancelled": True}

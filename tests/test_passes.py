@@ -154,7 +154,7 @@ def test_an_unreadable_row_is_seen_by_the_operator_and_freed_by_the_boards_word(
     with plane.store.session() as s:
         s.execute(text("UPDATE assignments SET payload = '{broken' WHERE id = :i"), {"i": row})
     with pytest.raises(CorruptRow, match=f"row {row}"):
-        plane.store.offer(row_state(plane.store, row)["ordinal"], now=NOW)
+        plane.store.offer(row_state(plane.store, row)["ordinal"], owner=OWNER, now=NOW)
     assert "payload" in row_state(plane.store, row)["last_error"]
     kanban.cancel_task("b", "b0")  # what an operator does with a run the pool cannot serve
     assert maintain_once(plane, NOW)["reconcile"] == {"stale": 1}
