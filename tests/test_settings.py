@@ -30,6 +30,8 @@ def test_environment_is_parsed_by_field_type() -> None:
         ("POOL_RETENTION_SECONDS", "60", "POOL_RETENTION_SECONDS: must be >= 3600"),
         ("POOL_VISIBILITY_TIMEOUT", "10", "POOL_VISIBILITY_TIMEOUT: must be greater than"),
         ("POOL_DATABASE_URL", "", "POOL_DATABASE_URL: must not be empty"),
+        ("POOL_LINEAGE_MAX_DEPTH", "0", "POOL_LINEAGE_MAX_DEPTH: must be between 1 and 64"),
+        ("POOL_LINEAGE_MAX_DEPTH", "65", "POOL_LINEAGE_MAX_DEPTH: must be between 1 and 64"),
     ],
 )
 def test_bad_values_name_the_variable(var: str, value: str, message: str) -> None:
