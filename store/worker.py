@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from core import validate
 from core.errors import DeliveryConflict, LostRace, NotFound, StaleHolder, TransientError
+from store import lineage
 from store.envelope import Envelope
 from store.models import Assignment, Delivery, FenceSequence, RowState
 from store.rows import CLEAR_BOOKKEEPING, guarded
@@ -67,6 +68,10 @@ def offer(
       ``max_attempts``.
     - nothing on the ordinal, or a row holding a result: ``None``.
 
+    A new grant retires every live child of earlier grants in the same
+    transaction (a restart's children are never adoptable), so a run and its
+    lineage never run as two executions.
+
     The row is locked first (``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``
     already serialises writers), and the grant is one guarded UPDATE on the
     state, attempt and fence just read. A live grant never moves to another
@@ -88,6 +93,7 @@ def offer(
             return None
         if row.owner == owner:
             return _grant(row, owner, row.fence, row.lease_until)
+    lineage.retire_children(s, [row.id], now)
     fence = mint_fence(s)
     lease_until = now + lease_seconds
     guarded(
@@ -175,6 +181,7 @@ def accept_result(s: Session, env: Envelope, *, now: float) -> Literal["applied"
         updated_at=now,
         **CLEAR_BOOKKEEPING,
     )
+    lineage.retire_children(s, [row.id], now)
     _record_delivery(s, row.id, env, "result", now)
     return "applied"
 
@@ -204,6 +211,7 @@ def release(
         updated_at=now,
         **CLEAR_BOOKKEEPING,
     )
+    lineage.retire_children(s, [row.id], now)
     _record_delivery(s, row.id, env, "release", now)
     return "lease_failed" if last else "reoffered"
 
