@@ -26,9 +26,23 @@ import re
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, cast
 
-from sqlalchemy import Connection, Select, Update, and_, exc, exists, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Select,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    exc,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from core import validate
@@ -278,7 +292,8 @@ def deliver(s: Session, report: Report, *, now: float) -> Literal["applied", "du
         receipt=None,
         updated_at=now,
     )
-    s.execute(retire_statement(in_range(child.id), now))
+    low, high = descendants_range(child.id)
+    s.execute(RETIRE_RANGE, {"low": low, "high": high, "now": now})
     return "applied"
 
 
@@ -352,22 +367,27 @@ def retire_children(conn: Session | Connection, row_ids: Iterable[int], now: flo
     ids = list(row_ids)
     if not ids:
         return 0
-    return int(conn.execute(retire_statement(C.row_id.in_(ids), now)).rowcount)  # type: ignore[attr-defined]
+    return int(conn.execute(RETIRE_RUNS, {"row_ids": ids, "now": now}).rowcount)  # type: ignore[attr-defined]
 
 
-def retire_statement(which: Any, now: float) -> Update:
-    """``UPDATE`` the live children matching ``which`` to ``terminal`` (``retired``), compacted."""
+def _retire_statement(which: Any) -> Update:
+    table = cast(Table, C.__table__)
     return (
-        update(C)
-        .where(which, C.status.in_(_LIVE))
+        table.update()
+        .where(which, table.c.status.in_(_LIVE))
         .values(
             status=ChildStatus.TERMINAL.value,
             outcome=ChildOutcome.RETIRED.value,
             receipt=None,
-            updated_at=now,
+            updated_at=bindparam("now"),
         )
-        .execution_options(synchronize_session=False)
     )
+
+
+# Built once, like expire's statement: every grant's end runs one, and building it per
+# call cost more than the index probe itself (bench/lineage_bench.py).
+RETIRE_RUNS = _retire_statement(C.row_id.in_(bindparam("row_ids", expanding=True)))
+RETIRE_RANGE = _retire_statement(and_(C.id >= bindparam("low"), C.id < bindparam("high")))
 
 
 def reset(s: Session, row_id: int, *, now: float) -> int:

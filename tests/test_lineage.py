@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.sql import visitors
 
 from core.errors import (
     DeliveryConflict,
@@ -85,8 +86,15 @@ def test_the_range_holds_exactly_the_descendants(store: PoolStore) -> None:
         assert [c.id for c in lineage.descendants(s, f"run:{r}")] == ids
 
 
-def _plan(store: PoolStore, stmt: Any) -> str:
+def _plan(store: PoolStore, stmt: Any, **values: Any) -> str:
+    """The database's plan for ``stmt``, its bound parameters set to ``values``."""
+
+    def bind(param: Any) -> None:
+        if param.key in values:
+            param.value, param.required = values[param.key], False
+
     dialect = store.engine.dialect
+    stmt = visitors.cloned_traverse(stmt, {}, {"bindparam": bind})
     sql = str(stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
     explain = "EXPLAIN QUERY PLAN " if dialect.name == "sqlite" else "EXPLAIN "
     with store.session(readonly=True) as s:
@@ -126,7 +134,7 @@ def test_retiring_a_run_without_children_is_one_index_probe(store: PoolStore) ->
     other = given_running(store, ordinal=1, task_id="t2")
     _many_children(store, other.row_id, 5000)
 
-    plan = _plan(store, lineage.retire_statement(lineage.C.row_id.in_([offer.row_id]), NOW))
+    plan = _plan(store, lineage.RETIRE_RUNS, row_ids=[offer.row_id], now=NOW)
 
     if store.engine.dialect.name == "sqlite":
         assert re.search(r"SEARCH child_executions USING INDEX ix_\w+_row_id \(row_id=\?\)", plan), plan
