@@ -28,6 +28,7 @@ lint: install
 bench: install
 	$(PY) bench/store_bench.py
 	$(PY) bench/storm.py
+	$(PY) bench/lineage_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
