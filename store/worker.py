@@ -68,6 +68,10 @@ def offer(
       ``max_attempts``.
     - nothing on the ordinal, or a row holding a result: ``None``.
 
+    Two live instances asking on one ordinal fence each other out in turn
+    (the last to ask holds the run); the ordinal's credential is the
+    authority, so only a misconfigured pool runs two.
+
     A new grant retires every live child of earlier grants in the same
     transaction (a restart's children are never adoptable), so a run and its
     lineage never run as two executions.

@@ -14,12 +14,13 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sqlalchemy import text
 
-from core.errors import DeliveryConflict, LostRace, OrdinalTaken, PoolError, StaleHolder
+from core.errors import DeliveryConflict, NotFound, OrdinalTaken, PoolError, StaleHolder
 from core.settings import Settings
 from store import Offer, PoolStore, queries, rows, transitions
 from store.models import RowState
@@ -43,6 +44,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 POOL = 3
 LEASE = 30.0
+MAX_ATTEMPTS = 2
 TEMPLATE_DIR = tempfile.mkdtemp(prefix="pk-template-")
 TEMPLATE = f"{TEMPLATE_DIR}/template.db"
 _tpl = PoolStore.from_settings(Settings(database_url=f"sqlite:///{TEMPLATE}"))
@@ -70,7 +72,7 @@ class StoreMachine(RuleBasedStateMachine):
                 database_url=f"sqlite:///{self.dir}/pool.db",
                 pool_size=POOL,
                 lease_seconds=LEASE,
-                max_attempts=2,
+                max_attempts=MAX_ATTEMPTS,
             )
         )
         self.now = 1_000_000.0
@@ -116,54 +118,83 @@ class StoreMachine(RuleBasedStateMachine):
         with self.store.session() as s:  # accepted only as an identical duplicate
             assert s.scalar(text("SELECT ordinal FROM assignments WHERE run_id = :r"), {"r": run}) == 0
 
-    @rule(ordinal=st.integers(0, POOL - 1))
-    def offer(self, ordinal: int) -> None:
-        got = self.store.offer(ordinal, owner=OWNER, now=self.now)
-        if got is not None:
-            assert got.fence > self.m.last_fence, "fences are monotonic"
-            assert self.m.live_on.get(ordinal) == got.row_id
-            self.m.last_fence = got.fence
-            self.m.holders.append(got)
+    @rule(ordinal=st.integers(0, POOL - 1), owner=st.sampled_from([OWNER, "w-2"]))
+    def offer(self, ordinal: int, owner: str) -> None:
+        """Also the restart: a second owner on the ordinal takes the live grant over."""
+        before = self._live_row(ordinal)
+        got = self.store.offer(ordinal, owner=owner, now=self.now)
+        if (
+            before is None
+            or before.state == "result"
+            or (before.state == "running" and (before.lease_until or 0) < self.now)
+        ):
+            assert got is None
+            return
+        assert got is not None and got.row_id == before.id == self.m.live_on.get(ordinal)
+        assert (got.ordinal, got.owner, got.attempt) == (ordinal, owner, before.attempt)
+        if before.state == "running" and before.owner == owner:  # asked again: the same grant
+            assert (got.fence, got.lease_until) == (before.fence, before.lease_until)
+            return
+        assert got.fence > self.m.last_fence, "fences are monotonic"
+        self.m.last_fence = got.fence
+        self.m.holders.append(got)
 
     @rule(dt=st.sampled_from([1.0, LEASE / 2, LEASE, LEASE + 1, 4000.0]))
     def tick(self, dt: float) -> None:
         self.now += dt
 
     @precondition(lambda self: self.m.holders)
-    @rule(data=st.data(), as_result=st.booleans())
-    def deliver(self, data: st.DataObject, as_result: bool) -> None:
+    @rule(data=st.data(), kind=st.sampled_from(["heartbeat", "result", "release"]))
+    def deliver(self, data: st.DataObject, kind: str) -> None:
         holder = data.draw(st.sampled_from(self.m.holders))
-        env = _envelope(holder, f"d{self._next()}", as_result)
-        with self.store.session(readonly=True) as s:
-            row = rows.get_row(s, holder.row_id) if self._exists(holder.row_id) else None
-        current = (
-            row is not None
-            and row.state == "running"
-            and row.fence == holder.fence
-            and (row.lease_until or 0) >= self.now
+        env = _envelope(holder, f"d{self._next()}", kind == "result")
+        row = self._row(holder.row_id)
+        holds_result = (
+            kind == "result" and row is not None and row.result_digest is not None and _same_grant(row, env)
         )
+        current = row is not None and row.state == "running" and _same_grant(row, env) and self._live(row)
         try:
-            (self.store.accept_result if as_result else self.store.heartbeat)(env, now=self.now)
-        except (StaleHolder, DeliveryConflict, LostRace, PoolError):
-            assert not current or (as_result and row is not None and row.result_digest is not None)
+            got = self._call(kind)(env, now=self.now)
+        except (StaleHolder, NotFound):
+            assert not (current or holds_result), "the current holder was refused"
             return
-        assert current or (as_result and row is not None and row.result_digest is not None), (
-            "a stale holder's delivery was applied"
-        )
-        self.m.sent.append((self.now, "result" if as_result else "heartbeat", env))
+        assert current or holds_result, "a stale holder's delivery was applied"
+        if holds_result:
+            assert got == "duplicate"
+        elif kind == "release":
+            assert got == ("reoffered" if holder.attempt < MAX_ATTEMPTS else "lease_failed")
+            if got == "lease_failed":
+                self._release(holder.row_id)
+        self.m.sent.append((self.now, kind, env))
 
     @precondition(lambda self: self.m.sent)
     @rule(data=st.data())
     def replay(self, data: st.DataObject) -> None:
+        """Check before replay: a duplicate only while the sender still has the authority it used."""
         _, kind, env = data.draw(st.sampled_from(self.m.sent))
-        call = self.store.accept_result if kind == "result" else self.store.heartbeat
-        assert call(env, now=self.now) == "duplicate"
-        tampered = {**env, "payload_digest": "e" * 64}
-        try:
-            call(tampered, now=self.now)
-            raise AssertionError("a reused delivery id with other content was accepted")
-        except DeliveryConflict:
-            pass
+        row = self._row(self._row_id(env))
+        if row is None:
+            expected: Any = NotFound
+        elif row.state == "running":
+            expected = "duplicate" if _same_grant(row, env) and self._live(row) else StaleHolder
+        elif row.result_digest is not None:
+            expected = "duplicate" if _same_grant(row, env) else StaleHolder
+        else:
+            expected = "duplicate" if kind == "release" and row.fence == env["fence"] else StaleHolder
+        before = self._deliveries()
+        if expected == "duplicate":
+            assert self._call(kind)(env, now=self.now) == "duplicate"
+        else:
+            with pytest.raises(expected):
+                self._call(kind)(env, now=self.now)
+        other = "result" if kind == "heartbeat" else "heartbeat"  # the same id for other content
+        if expected == "duplicate" and kind != "release":
+            expected = DeliveryConflict  # the sender may write, but not this under a used id
+        elif expected == "duplicate":
+            expected = StaleHolder  # a released run takes no heartbeat
+        with pytest.raises(expected):
+            self._call(other)(_envelope_as(env, other == "result"), now=self.now)
+        assert self._deliveries() == before, "a replay or a refusal recorded something"
 
     @rule()
     def expire(self) -> None:
@@ -171,7 +202,7 @@ class StoreMachine(RuleBasedStateMachine):
             due = queries.due_expired(s, now=self.now, limit=100)
         for row_id in due:
             with self.store.session() as s:
-                new = transitions.expire(s, row_id, max_attempts=2, now=self.now).state
+                new = transitions.expire(s, row_id, max_attempts=MAX_ATTEMPTS, now=self.now).state
             if new is RowState.LEASE_FAILED:
                 self._release(row_id)
 
@@ -198,6 +229,33 @@ class StoreMachine(RuleBasedStateMachine):
         assert deliveries == len(self.m.sent) - len(kept)
         self.m.sent = kept  # past the retention a delivery id is forgotten, by design
 
+    def _call(self, kind: str) -> Any:
+        return {
+            "heartbeat": self.store.heartbeat,
+            "result": self.store.accept_result,
+            "release": self.store.release,
+        }[kind]
+
+    def _row(self, row_id: int | None) -> Any:
+        if row_id is None or not self._exists(row_id):
+            return None
+        with self.store.session(readonly=True) as s:
+            return rows.get_row(s, row_id)
+
+    def _row_id(self, env: dict[str, Any]) -> int | None:
+        with self.store.session(readonly=True) as s:
+            return s.scalar(text("SELECT id FROM assignments WHERE run_id = :r"), {"r": env["run_id"]})
+
+    def _live_row(self, ordinal: int) -> Any:
+        return self._row(self.m.live_on.get(ordinal))
+
+    def _live(self, row: Any) -> bool:
+        return (row.lease_until or 0) >= self.now
+
+    def _deliveries(self) -> int:
+        with self.store.session(readonly=True) as s:
+            return int(s.scalar(text("SELECT count(*) FROM deliveries")) or 0)
+
     def _release(self, row_id: int) -> None:
         self.m.live_on = {o: r for o, r in self.m.live_on.items() if r != row_id}
 
@@ -220,9 +278,22 @@ class StoreMachine(RuleBasedStateMachine):
             # 4. a running row holds the newest fence it was granted
             if r.state == "running":
                 assert r.fence == max(h.fence for h in self.m.holders if h.row_id == r.id)
+        # 5. what is recorded is exactly what was accepted: nothing from a stale fence
+        assert self._deliveries() == len(self.m.sent)
         # 3 + 6. every claimed run still has its row, unless it was terminal and collected
         for row_id in self.m.added.values():
             assert row_id in rows or row_id in self.m.settled, f"row {row_id} lost"
+
+
+def _same_grant(row: Any, env: dict[str, Any]) -> bool:
+    return bool(row.fence == env["fence"] and row.attempt == env["attempt"])
+
+
+def _envelope_as(env: dict[str, Any], as_result: bool) -> dict[str, Any]:
+    out = {k: v for k, v in env.items() if k != "payload"}
+    if as_result:
+        out["payload"] = {"status": "done", "by": env["fence"]}
+    return out
 
 
 def _envelope(holder: Offer, delivery_id: str, as_result: bool) -> dict[str, Any]:
