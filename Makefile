@@ -29,6 +29,7 @@ bench: install
 	$(PY) bench/store_bench.py
 	$(PY) bench/storm.py
 	$(PY) bench/api_bench.py
+	$(PY) bench/lineage_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -70,6 +70,14 @@ class DeliveryConflict(ProtocolError):
     """A delivery id replayed with other content, or a second different result."""
 
 
+class LineageTooDeep(ProtocolError):
+    """Registering the child would pass the lineage depth cap (``POOL_LINEAGE_MAX_DEPTH``)."""
+
+
+class LineageLive(ProtocolError):
+    """A reset was asked while a child execution of the run is still live."""
+
+
 class CapabilityError(PoolError):
     """The run itself cannot be turned into work (e.g. no valid payload)."""
 

@@ -60,6 +60,8 @@ class Settings:
     # POOL_RECONCILE_SECONDS / POOL_GC_SECONDS: beat intervals of the slow passes.
     reconcile_seconds: float = 30.0
     gc_seconds: float = 3600.0
+    # POOL_LINEAGE_MAX_DEPTH: how deep child executions may nest under a run (1 to 64).
+    lineage_max_depth: int = 32
     # POOL_SCAN_LIMIT: due rows one scanner tick enqueues at most.
     scan_limit: int = 2000
     # POOL_BATCH_SIZE: keys per message for passes that talk to the board (each key
@@ -117,6 +119,7 @@ class Settings:
         _check(self.tick_seconds, "POOL_TICK_SECONDS", lambda v: v > 0, "> 0")
         _check(self.reconcile_seconds, "POOL_RECONCILE_SECONDS", lambda v: v > 0, "> 0")
         _check(self.gc_seconds, "POOL_GC_SECONDS", lambda v: v > 0, "> 0")
+        _check(self.lineage_max_depth, "POOL_LINEAGE_MAX_DEPTH", lambda v: 1 <= v <= 64, "between 1 and 64")
         _check(self.scan_limit, "POOL_SCAN_LIMIT", lambda v: v >= 1, ">= 1")
         _check(self.batch_size, "POOL_BATCH_SIZE", lambda v: 1 <= v <= 1000, "between 1 and 1000")
         _check(self.store_batch_size, "POOL_STORE_BATCH_SIZE", lambda v: 1 <= v <= 5000, "between 1 and 5000")

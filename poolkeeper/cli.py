@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.tree import Tree
 
 from board import KanbanBoard, TaskStatus
 from core import db, validate
@@ -26,7 +27,8 @@ from core.db import mask_url
 from core.errors import InvalidInput, NotFound, SettingsError, exit_code
 from core.settings import Settings
 from poolkeeper import operator
-from store import PoolStore, queries, transitions
+from store import PoolStore, lineage, queries, transitions
+from store import rows as rows_
 from store.models import RowState
 
 # The first class that matches decides; anything else is an internal error (exit 1).
@@ -83,7 +85,7 @@ def _kanban(access: Access = "read") -> KanbanBoard:
     return kanban
 
 
-def _emit(data: Any, table: Table | str, as_json: bool) -> None:
+def _emit(data: Any, table: Table | Tree | str, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
     else:
@@ -174,12 +176,16 @@ def _row_dict(row: Any) -> dict[str, Any]:
 
 @app.command()
 def rows(
+    row: Annotated[int | None, typer.Argument(help="One row: show it with its child executions.")] = None,
     state: Annotated[str | None, typer.Option(help="Only rows in this state.")] = None,
     quarantined: Annotated[bool, typer.Option("--quarantined", help="Only quarantined rows.")] = False,
     limit: Annotated[int, typer.Option(min=1, max=validate.INT32_MAX)] = 1000,
     as_json: JsonOpt = False,
 ) -> None:
-    """List pool rows."""
+    """List pool rows, or show one row with its child executions as a tree."""
+    if row is not None:
+        _row_with_children(row, as_json)
+        return
     want = None
     if state is not None:
         try:
@@ -206,13 +212,28 @@ def rows(
     _emit(found, table, as_json)
 
 
+def _row_with_children(row_id: int, as_json: bool) -> None:
+    with _store().session(readonly=True) as s:
+        data = {**_row_dict(rows_.get_row(s, row_id)), "children": lineage.tree(s, row_id)}
+    root = Tree(f"row {row_id} {data['board']}/{data['task_id']} run {data['run_id']}: {data['state']}")
+
+    def add(branch: Tree, children: list[dict[str, Any]]) -> None:
+        for c in children:
+            outcome = f" ({c['outcome']})" if c["outcome"] else ""
+            label = f"{c['id'].rsplit('/', 1)[1]} {c['status']}{outcome} epoch {c['epoch']}"
+            add(branch.add(label), c["children"])
+
+    add(root, data["children"])
+    _emit(data, root, as_json)
+
+
 @app.command()
 def requeue(
     row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ROW_ID, help="Row id (see `poolctl rows`).")],
 ) -> None:
     """Clear a row's backoff and quarantine so the next scan retries it now."""
     with _store("write").session() as s:
-        got = transitions.requeue(s, row)
+        got = transitions.requeue(s, row, now=time.time())
     out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}, {got.state}) requeued")
 
 

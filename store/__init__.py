@@ -1,7 +1,8 @@
 """The durable pool store: one row per claimed board run (see ``store.models``).
 
 ``PoolStore`` is the pool worker protocol as a Python API (offer, heartbeat,
-accept_result, release), each call one short transaction. The maintenance passes use
+accept_result, release, and child executions: register_child, child_heartbeat,
+child_result, child_vanished), each call one short transaction. The maintenance passes use
 ``store.transitions``, ``store.bookkeeping`` and ``store.queries`` directly
 inside their own session. Nothing here reads the settings: the values a call
 needs are passed in (``PoolStore.from_settings`` unpacks them at the edge).
@@ -18,15 +19,16 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from core import db
-from core.errors import CorruptRow, PoolError
+from core.errors import CorruptRow, InvalidInput, PoolError
 from core.retry import RetryPolicy
 from core.settings import Settings
-from store import transitions, worker
+from store import lineage, transitions, worker
 from store.envelope import Envelope
+from store.lineage import Child
 from store.models import metadata
 from store.worker import PROTOCOL_VERSION, Offer
 
-__all__ = ["PROTOCOL_VERSION", "Envelope", "Offer", "PoolStore"]
+__all__ = ["PROTOCOL_VERSION", "Child", "Envelope", "Offer", "PoolStore"]
 
 
 class PoolStore:
@@ -37,6 +39,7 @@ class PoolStore:
         pool_size: int = 3,
         lease_seconds: float = 90.0,
         max_attempts: int = 3,
+        lineage_max_depth: int = 32,
         engine: Engine | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
@@ -44,6 +47,7 @@ class PoolStore:
         self.pool_size = pool_size
         self.lease_seconds = lease_seconds
         self.max_attempts = max_attempts
+        self.lineage_max_depth = lineage_max_depth
         self.engine = engine or db.make_engine(url)
         self.retry = retry or RetryPolicy()  # backoff of a row that ``offer`` finds unreadable
 
@@ -54,6 +58,7 @@ class PoolStore:
             pool_size=settings.pool_size,
             lease_seconds=settings.lease_seconds,
             max_attempts=settings.max_attempts,
+            lineage_max_depth=settings.lineage_max_depth,
             engine=engine,
             retry=RetryPolicy.from_settings(settings),
         )
@@ -126,6 +131,45 @@ class PoolStore:
         env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=False)
         with self.session() as s:
             return worker.release(s, env, max_attempts=self.max_attempts, now=_now(now))
+
+    # --- child executions (docs/design.md, "Lineage"); the HTTP /v1/children endpoints wrap these ---
+
+    def register_child(self, grant: Mapping[str, Any], *, now: float | None = None) -> Child:
+        """The grant's holder registers a child: ``{row_id, attempt, fence, owner[, under]}``.
+
+        ``under`` (a live child's id) nests it one level deeper, up to
+        ``lineage_max_depth`` (``LineageTooDeep`` past it). The returned
+        ``Child.token()`` is what the child's process reports with.
+        """
+        g = lineage.Grant.parse(grant, extra=("under",))
+        under = grant.get("under")
+        if under is not None:
+            lineage.row_of(under, "under")
+        with self.session() as s:
+            return lineage.register(s, g, under=under, max_depth=self.lineage_max_depth, now=_now(now))
+
+    def child_heartbeat(self, report: Mapping[str, Any], *, now: float | None = None) -> Literal["applied"]:
+        """A child is alive: ``{child_id, epoch[, receipt]}``; refused as stale once it or its grant ended."""
+        r = lineage.Report.parse(report, with_result=False)
+        with self.session() as s:
+            return lineage.heartbeat(s, r, now=_now(now))
+
+    def child_result(
+        self, report: Mapping[str, Any], *, now: float | None = None
+    ) -> Literal["applied", "duplicate"]:
+        """A child's result, ``{child_id, epoch, payload}``: it turns terminal with its descendants."""
+        r = lineage.Report.parse(report, with_result=True)
+        with self.session() as s:
+            return lineage.deliver(s, r, now=_now(now))
+
+    def child_vanished(self, grant: Mapping[str, Any], *, now: float | None = None) -> int:
+        """The holder lost a child's worker: ``{row_id, attempt, fence, owner, child_id}`` → ``unknown``."""
+        g = lineage.Grant.parse(grant, extra=("child_id",))
+        if "child_id" not in grant:
+            raise InvalidInput("child_id", "missing")
+        lineage.row_of(grant["child_id"])
+        with self.session() as s:
+            return lineage.vanished(s, g, grant["child_id"], now=_now(now))
 
     def add_run(
         self,

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     Float,
+    ForeignKey,
     Index,
     Integer,
     MetaData,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeEngine
 
 
 class RowState(StrEnum):
@@ -49,6 +51,38 @@ TERMINAL_SQL = f"state IN ({_sql_list(TERMINAL_STATES)})"
 STATE_CHECK_SQL = f"state IN ({_sql_list(list(RowState))})"
 DELIVERY_KINDS = ("heartbeat", "result", "release")
 DELIVERY_KINDS_SQL = ", ".join(f"'{k}'" for k in DELIVERY_KINDS)
+
+
+class ChildStatus(StrEnum):
+    """A child execution's status (docs/design.md, "Lineage")."""
+
+    REGISTERED = "registered"  # its parent's holder registered it; it has not reported yet
+    RUNNING = "running"  # it has heartbeated
+    TERMINAL = "terminal"  # done, retired with its parent's grant, or discarded; receipt compacted
+    UNKNOWN = "unknown"  # its worker vanished; discarded on an explicit reset, never resumed
+
+
+class ChildOutcome(StrEnum):
+    """Why a child is terminal."""
+
+    DONE = "done"  # it delivered its own result
+    RETIRED = "retired"  # its parent's grant (or its parent child) ended first
+    DISCARDED = "discarded"  # it was `unknown` and an operator reset its row
+
+
+LIVE_CHILD_STATUSES = (ChildStatus.REGISTERED, ChildStatus.RUNNING)
+LIVE_CHILD_SQL = "status IN ('registered', 'running')"
+CHILD_STATUS_CHECK_SQL = "status IN (" + ", ".join(f"'{s.value}'" for s in ChildStatus) + ")"
+CHILD_OUTCOME_CHECK_SQL = "outcome IN (" + ", ".join(f"'{o.value}'" for o in ChildOutcome) + ")"
+# Ids grow by "/child:" + 12 hex digits per level: room for 64 levels under "run:<row id>".
+MAX_LINEAGE_DEPTH = 64
+CHILD_ID_LENGTH = 1280
+# Descendants are found by a prefix range on the primary key, so ids must sort bytewise:
+# SQLite's default BINARY collation does; PostgreSQL needs "C" (a locale collation would not).
+
+
+def _child_id() -> TypeEngine[str]:
+    return String(CHILD_ID_LENGTH).with_variant(String(CHILD_ID_LENGTH, collation="C"), "postgresql")
 
 
 class Base(DeclarativeBase):
@@ -144,6 +178,44 @@ class Delivery(Base):
     created_at: Mapped[float] = mapped_column(Float, index=True)
 
     __table_args__ = (CheckConstraint(f"kind IN ({DELIVERY_KINDS_SQL})", name="kind"),)
+
+
+class ChildExecution(Base):
+    """A child execution registered under a run's grant (docs/design.md, "Lineage").
+
+    ``id`` is ``run:<row id>`` for the run itself (never stored), and the
+    parent's id + ``/child:`` + 12 random hex digits for a child, so every
+    descendant of an execution lies in one primary-key range.
+    """
+
+    __tablename__ = "child_executions"
+
+    id: Mapped[str] = mapped_column(_child_id(), primary_key=True)
+    row_id: Mapped[int] = mapped_column(Integer, ForeignKey("assignments.id", name="fk_child_executions_row"))
+    parent_id: Mapped[str] = mapped_column(_child_id())  # ``run:<row id>`` or a child's id
+    status: Mapped[str] = mapped_column(String(16))
+    outcome: Mapped[str | None] = mapped_column(String(16))  # set exactly when terminal
+    epoch: Mapped[int] = mapped_column(BigInteger)  # the parent grant's fence at registration
+    depth: Mapped[int] = mapped_column(Integer)  # 1 for a child of the run
+    receipt: Mapped[str | None] = mapped_column(Text)  # latest reported JSON; NULL once terminal
+    receipt_digest: Mapped[str | None] = mapped_column(String(64))
+    result_digest: Mapped[str | None] = mapped_column(String(64))  # its own result, when it sent one
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        CheckConstraint(CHILD_STATUS_CHECK_SQL, name="status"),
+        CheckConstraint(CHILD_OUTCOME_CHECK_SQL, name="outcome"),
+        CheckConstraint("depth >= 1", name="depth"),
+        CheckConstraint("(status = 'terminal') = (outcome IS NOT NULL)", name="terminal_has_outcome"),
+        CheckConstraint("status <> 'terminal' OR receipt IS NULL", name="terminal_compacted"),
+        CheckConstraint("receipt IS NULL OR receipt_digest IS NOT NULL", name="receipt_has_digest"),
+        CheckConstraint(
+            "outcome IS NULL OR outcome <> 'done' OR result_digest IS NOT NULL", name="done_has_digest"
+        ),
+        # Retiring a row's children, and GC removing them, probe by row; the no-child case is one probe.
+        Index("ix_child_executions_row_id", "row_id"),
+    )
 
 
 class FenceSequence(Base):

@@ -21,9 +21,10 @@ CLEAR_BOOKKEEPING: dict[str, Any] = {
 }
 
 
-def get_row(s: Session, row_id: int) -> Assignment:
+def get_row(s: Session, row_id: int, *, for_update: bool = False) -> Assignment:
+    """The row by id (locked with ``FOR UPDATE`` if asked); ``NotFound`` if there is none."""
     validate.integer("row", row_id, 1, validate.INT32_MAX)  # row ids are an ``Integer`` column
-    row = s.get(A, row_id, populate_existing=True)
+    row = s.get(A, row_id, populate_existing=True, with_for_update=for_update)
     if row is None:
         raise NotFound(f"row {row_id}: no such row")
     return row

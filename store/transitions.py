@@ -7,6 +7,8 @@ Each function takes the caller's session (one short transaction), a ``now``
 (epoch seconds) and the values it needs; none opens a transaction of its own.
 Each is one guarded UPDATE that raises ``LostRace`` when it matches nothing;
 nothing is ever written blind after a read (docs/design.md, "Transitions").
+A transition that ends a grant retires the run's live children in the same
+transaction (``store.lineage.retire_children``; docs/design.md, "Lineage").
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from sqlalchemy.orm import Session
 
 from core import validate
 from core.errors import DuplicateIdentity, InvalidInput, LostRace, OrdinalTaken
-from store.models import TERMINAL_STATES, Assignment, Delivery, RowState
+from store import lineage
+from store.models import TERMINAL_STATES, Assignment, ChildExecution, Delivery, RowState
 from store.rows import CLEAR_BOOKKEEPING, get_row, guarded
 
 A = Assignment
@@ -134,6 +137,7 @@ def expire_many(
         raise exc.DBAPIError.instance(sql, params, err, dbapi.Error) from None
     finally:
         cursor.close()
+    lineage.retire_children(conn, [row_id for row_id, _, _ in got], now)  # same transaction
     return {row_id: Expiry(_STATE[state], lease_until) for row_id, state, lease_until in got}
 
 
@@ -162,6 +166,7 @@ def settle(
         updated_at=now,
         **CLEAR_BOOKKEEPING,
     )
+    lineage.retire_children(s, [row_id], now)
 
 
 class Settled(NamedTuple):
@@ -197,16 +202,24 @@ def settle_run(
 
 
 def collect_garbage(s: Session, *, retention_seconds: float, batch: int, now: float) -> tuple[int, int]:
-    """Delete one batch of terminal rows and of delivery records older than the retention."""
+    """Delete one batch of terminal rows (with their child executions) and of old delivery records.
+
+    The batch's row ids are read first so the children deleted are exactly those
+    of the rows deleted (the foreign key refuses a row whose children remain).
+    """
     cutoff = now - retention_seconds
-    old_rows = (
-        select(A.id)
-        .where(A.state.in_([t.value for t in TERMINAL_STATES]), A.updated_at < cutoff)
-        .limit(batch)
-    )
-    rows = s.execute(
-        delete(A).where(A.id.in_(old_rows)).execution_options(synchronize_session=False)
-    ).rowcount  # type: ignore[attr-defined]
+    old = (A.state.in_([t.value for t in TERMINAL_STATES]), A.updated_at < cutoff)
+    ids = list(s.scalars(select(A.id).where(*old).order_by(A.id).limit(batch)))
+    rows = 0
+    if ids:
+        s.execute(
+            delete(ChildExecution)
+            .where(ChildExecution.row_id.in_(ids))
+            .execution_options(synchronize_session=False)
+        )
+        rows = s.execute(
+            delete(A).where(A.id.in_(ids), *old).execution_options(synchronize_session=False)
+        ).rowcount  # type: ignore[attr-defined]
     old_deliveries = select(Delivery.delivery_id).where(Delivery.created_at < cutoff).limit(batch)
     deliveries = s.execute(
         delete(Delivery)
@@ -216,13 +229,17 @@ def collect_garbage(s: Session, *, retention_seconds: float, batch: int, now: fl
     return int(rows), int(deliveries)
 
 
-def requeue(s: Session, row_id: int) -> Assignment:
+def requeue(s: Session, row_id: int, *, now: float) -> Assignment:
     """Operator reset: clear backoff and quarantine so the next scan picks the row up now.
 
-    A terminal row is never retried: refused, nothing changes.
+    A terminal row is never retried, and a row with a live child execution is
+    not reset: refused, nothing changes. Its ``unknown`` children (their worker
+    vanished) are discarded, never replayed. The row is locked first, so no
+    child registers between the check and the reset.
     """
-    row = get_row(s, row_id)
+    row = get_row(s, row_id, for_update=True)
     if row.state in TERMINAL_VALUES:
         raise InvalidInput("row", f"row {row_id} is {row.state}: a terminal row is never retried")
+    lineage.reset(s, row_id, now=now)
     guarded(s, row_id, "requeue", {A.state: row.state, A.attempt: row.attempt}, **CLEAR_BOOKKEEPING)
     return row

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from core import validate
 from core.errors import CorruptRow, DeliveryConflict, LostRace, NotFound, StaleHolder, TransientError
 from core.retry import RetryPolicy
-from store import bookkeeping
+from store import bookkeeping, lineage
 from store.envelope import Envelope
 from store.models import Assignment, Delivery, FenceSequence, RowState
 from store.rows import CLEAR_BOOKKEEPING, get_row, guarded
@@ -75,6 +75,10 @@ def offer(
     (the last to ask holds the run); the ordinal's credential is the
     authority, so only a misconfigured pool runs two.
 
+    A new grant retires every live child of earlier grants in the same
+    transaction (a restart's children are never adoptable), so a run and its
+    lineage never run as two executions.
+
     The row is locked first (``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``
     already serialises writers), and the grant is one guarded UPDATE on the
     state, attempt and fence just read. A live grant never moves to another
@@ -97,6 +101,7 @@ def offer(
             return None
         if row.owner == owner:
             return _grant(row, owner, row.fence, row.lease_until, payload)
+    lineage.retire_children(s, [row.id], now)
     fence = mint_fence(s)
     lease_until = now + lease_seconds
     guarded(
@@ -208,6 +213,7 @@ def accept_result(s: Session, env: Envelope, *, now: float) -> Literal["applied"
         updated_at=now,
         **CLEAR_BOOKKEEPING,
     )
+    lineage.retire_children(s, [row.id], now)
     _record_delivery(s, row.id, env, "result", now)
     return "applied"
 
@@ -237,6 +243,7 @@ def release(
         updated_at=now,
         **CLEAR_BOOKKEEPING,
     )
+    lineage.retire_children(s, [row.id], now)
     _record_delivery(s, row.id, env, "release", now)
     return "lease_failed" if last else "reoffered"
 

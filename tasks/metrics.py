@@ -3,10 +3,10 @@
 A worker exports them on ``POOL_METRICS_PORT`` (0 = off). Counters and the
 histogram are kept in each prefork child and aggregated through
 ``PROMETHEUS_MULTIPROC_DIR`` (the Celery entry point sets it before this
-module loads). Rows by state, the quarantined count and the ordinals (free,
-held, held by a quarantined row) are read from the store at scrape time.
-Every label value comes from a closed set: pass names from the registry,
-outcomes from ``tasks.declaration.Outcome``.
+module loads). Rows by state, the quarantined count, the ordinals (free,
+held, held by a quarantined row) and the live child executions are read from
+the store at scrape time. Every label value comes from a closed set: pass
+names from the registry, outcomes from ``tasks.declaration.Outcome``.
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ class StoreCollector:
         self.store = store
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from store import queries
+        from store import lineage, queries
 
         with self.store.session(readonly=True) as s:
             counts = queries.counts_by_state(s)
             quarantined = queries.quarantined_count(s)
             free = len(queries.free_ordinals(s, self.store.pool_size))
             stuck = len(queries.quarantined_ordinals(s))
+            live_children = lineage.live_count(s)
         rows = GaugeMetricFamily("poolkeeper_rows", "Pool store rows by state.", labels=["state"])
         for state, n in counts.items():
             rows.add_metric([state], n)
@@ -64,6 +65,11 @@ class StoreCollector:
         for state, n in (("free", free), ("held", held), ("quarantined", stuck)):
             ordinals.add_metric([state], n)
         yield ordinals
+        yield GaugeMetricFamily(
+            "poolkeeper_live_children",
+            "Child executions registered or running under a current grant.",
+            value=live_children,
+        )
 
 
 def start_exporter(port: int, host: str, store: Any) -> None:

@@ -71,7 +71,7 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
     yield url
     engine = create_engine(url)
     with engine.begin() as conn:
-        for table in ("assignments", "deliveries", "runs", "tasks", "boards"):
+        for table in ("child_executions", "assignments", "deliveries", "runs", "tasks", "boards"):
             conn.execute(text(f"DROP TABLE IF EXISTS {table} CASCADE"))
         conn.execute(
             text("DROP TABLE IF EXISTS fence_sequence, store_alembic_version, board_alembic_version CASCADE")

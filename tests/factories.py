@@ -32,6 +32,12 @@ def envelope(offer: Offer, delivery_id: str = "d1", **over: Any) -> dict[str, An
     return simulate.envelope(offer, delivery_id=delivery_id, **over)
 
 
+def grant(offer: Offer, **over: Any) -> dict[str, Any]:
+    """The holder's identity, as ``register_child`` and ``child_vanished`` take it."""
+    held = {"row_id": offer.row_id, "attempt": offer.attempt, "fence": offer.fence, "owner": offer.owner}
+    return {**held, **over}
+
+
 def row_state(store: PoolStore, row_id: int) -> dict[str, Any]:
     with store.session(readonly=True) as s:
         row = s.execute(text("SELECT * FROM assignments WHERE id = :id"), {"id": row_id}).mappings().first()

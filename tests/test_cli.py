@@ -16,6 +16,7 @@ import pytest
 
 from board import KanbanBoard
 from poolkeeper.embedded import RedisServer, wait_for
+from store import PoolStore
 
 
 def poolctl(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -79,10 +80,33 @@ def test_board_commands_and_maintain_once_drive_a_task(tmp_path: Path) -> None:
     assert as_json(tmp_path, "status")["board"]["done"] == 1
 
 
+def test_rows_shows_one_row_with_its_children_as_a_tree(tmp_path: Path) -> None:
+    ok(tmp_path, "init")
+    store = PoolStore(f"sqlite:///{tmp_path}/pool.db", pool_size=2)
+    store.add_run(board="b", task_id="t1", run_id=1, ordinal=0, payload={})
+    offer = store.offer(0, owner="w-1")
+    assert offer is not None
+    held = {"row_id": offer.row_id, "attempt": offer.attempt, "fence": offer.fence, "owner": offer.owner}
+    parent = store.register_child(held)
+    nested = store.register_child({**held, "under": parent.id})
+    store.child_result({**parent.token(), "payload": {"ok": True}})
+    store.engine.dispose()
+
+    shown = as_json(tmp_path, "rows", str(offer.row_id))
+    assert (shown["id"], shown["state"]) == (offer.row_id, "running")
+    [child] = shown["children"]
+    assert (child["id"], child["status"], child["outcome"]) == (parent.id, "terminal", "done")
+    assert [(c["id"], c["outcome"]) for c in child["children"]] == [(nested.id, "retired")]
+    tree = ok(tmp_path, "rows", str(offer.row_id))
+    assert f"row {offer.row_id} b/t1 run 1: running" in tree
+    assert f"child:{nested.id[-12:]} terminal (retired) epoch {offer.fence}" in tree
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (("requeue", "42"), "row 42: no such row"),
+        (("rows", "42"), "row 42: no such row"),
         (("board", "list", "nosuch"), "nosuch: no such board"),
         (("board", "unblock", "b1", "t9"), "b1/t9: no such task"),
         (("rows", "--state", "zombie"), "--state: unknown state 'zombie'"),

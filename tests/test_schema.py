@@ -16,7 +16,7 @@ from core.errors import ConfigError, Unavailable
 from core.settings import Settings
 from poolkeeper.embedded import free_port
 from store import PoolStore
-from store.models import RowState
+from store.models import ChildOutcome, ChildStatus, RowState
 from store.models import metadata as store_metadata
 
 
@@ -24,6 +24,13 @@ def test_state_check_in_the_database_lists_exactly_the_enum(store: PoolStore) ->
     checks = inspect(store.engine).get_check_constraints("assignments")
     state_check = next(c["sqltext"] for c in checks if c["name"] == "ck_assignments_state")
     assert set(re.findall(r"'(\w+)'", state_check)) == {s.value for s in RowState}
+
+
+def test_child_status_and_outcome_checks_list_exactly_the_enums(store: PoolStore) -> None:
+    checks = inspect(store.engine).get_check_constraints("child_executions")
+    listed = {c["name"]: set(re.findall(r"'(\w+)'", c["sqltext"])) for c in checks}
+    assert listed["ck_child_executions_status"] == {s.value for s in ChildStatus}
+    assert listed["ck_child_executions_outcome"] == {o.value for o in ChildOutcome}
 
 
 @pytest.mark.parametrize("which", ["store", "board"])

@@ -37,6 +37,8 @@ def test_environment_is_parsed_by_field_type() -> None:
         ("POOL_NAMESPACE", "", "POOL_NAMESPACE: must be 1 to 32 letters"),
         ("POOL_NAMESPACE", "a:b", "POOL_NAMESPACE: must be 1 to 32 letters"),
         ("POOL_NAMESPACE", "n" * 33, "POOL_NAMESPACE: must be 1 to 32 letters"),
+        ("POOL_LINEAGE_MAX_DEPTH", "0", "POOL_LINEAGE_MAX_DEPTH: must be between 1 and 64"),
+        ("POOL_LINEAGE_MAX_DEPTH", "65", "POOL_LINEAGE_MAX_DEPTH: must be between 1 and 64"),
     ],
 )
 def test_bad_values_name_the_variable(var: str, value: str, message: str) -> None:

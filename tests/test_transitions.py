@@ -338,7 +338,7 @@ def test_failures_back_off_then_quarantine_and_requeue_resets(
     with store.session() as s:
         assert queries.due_in_state(s, RowState.LEASE_FAILED, now=NOW, limit=5) == []
         assert queries.due_in_state(s, RowState.LEASE_FAILED, now=f.next_attempt_at, limit=5) == [row]
-        transitions.requeue(s, row)
+        transitions.requeue(s, row, now=NOW)
         assert queries.due_in_state(s, RowState.LEASE_FAILED, now=NOW, limit=5) == [row]
     got = row_state(store, row)
     assert got["failures"] == 0 and not got["quarantined"] and got["state"] == "lease_failed"
@@ -359,13 +359,13 @@ def test_requeue_refuses_a_terminal_row_and_changes_nothing(store: PoolStore, ma
     row = make_row(RowState.FINALIZED)
     before = row_state(store, row)
     with pytest.raises(InvalidInput, match="terminal"), store.session() as s:
-        transitions.requeue(s, row)
+        transitions.requeue(s, row, now=NOW)
     assert row_state(store, row) == before
 
 
 def test_unknown_row_is_not_found(store: PoolStore) -> None:
     with pytest.raises(NotFound, match="row 99"), store.session() as s:
-        transitions.requeue(s, 99)
+        transitions.requeue(s, 99, now=NOW)
 
 
 def test_row_ids_are_never_reused_after_gc(store: PoolStore, make_row: RowFactory) -> None:
