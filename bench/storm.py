@@ -35,6 +35,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
+from board import KanbanBoard
 from core.settings import Settings
 from poolkeeper.embedded import CeleryProc, RedisServer, wait_for
 from store import PoolStore, queries, transitions
@@ -70,6 +71,9 @@ def storm(
     settings = Settings(database_url=url, board_url=url, redis_url=redis_url, pool_size=max(n, 1), **over)
     store = PoolStore.from_settings(settings)
     store.migrate()
+    board = KanbanBoard(url)
+    board.migrate()  # a worker refuses to start on a store or board that is not migrated
+    board.engine.dispose()
     past = time.time() - 60
     rows = [
         {
