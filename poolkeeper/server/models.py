@@ -68,7 +68,7 @@ class ResultEnvelope(Envelope):
 
 
 class Grant(BaseModel):
-    """What ``offer`` hands the worker that holds an ordinal (SPEC, "Execution authority")."""
+    """What ``offer`` hands the worker that holds an ordinal (docs/design.md, "Execution authority")."""
 
     row_id: int
     board: str
