@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -65,17 +65,7 @@ class Grant:
 
     def envelope(self, delivery_id: str | None = None, **extra: Any) -> dict[str, Any]:
         """The envelope naming this exact holder (``extra``: ``payload`` for a result)."""
-        return {
-            "delivery_id": delivery_id or new_delivery_id(),
-            "board": self.board,
-            "task_id": self.task_id,
-            "run_id": self.run_id,
-            "worker_ordinal": self.ordinal,
-            "attempt": self.attempt,
-            "fence": self.fence,
-            "payload_digest": self.payload_digest,
-            **extra,
-        }
+        return envelope(self, delivery_id, **extra)
 
 
 _GRANT_FIELDS = frozenset(f.name for f in fields(Grant)) - {"lease_seconds"}
@@ -83,6 +73,40 @@ _GRANT_FIELDS = frozenset(f.name for f in fields(Grant)) - {"lease_seconds"}
 
 def new_delivery_id() -> str:
     return uuid.uuid4().hex
+
+
+class Holder(Protocol):
+    """What an envelope is built from: a ``store.Offer`` or a ``Grant``."""
+
+    @property
+    def board(self) -> str: ...
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def run_id(self) -> int: ...
+    @property
+    def ordinal(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def fence(self) -> int: ...
+    @property
+    def payload_digest(self) -> str: ...
+
+
+def envelope(holder: Holder, delivery_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The envelope of a heartbeat, result or release naming this exact holder."""
+    return {
+        "delivery_id": delivery_id or new_delivery_id(),
+        "board": holder.board,
+        "task_id": holder.task_id,
+        "run_id": holder.run_id,
+        "worker_ordinal": holder.ordinal,
+        "attempt": holder.attempt,
+        "fence": holder.fence,
+        "payload_digest": holder.payload_digest,
+        **extra,
+    }
 
 
 class PoolClient:

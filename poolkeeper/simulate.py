@@ -24,25 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from core.errors import PoolError
-
-
-class Holder(Protocol):
-    """What an envelope is built from: a ``store.Offer`` or a ``poolkeeper.client.Grant``."""
-
-    @property
-    def board(self) -> str: ...
-    @property
-    def task_id(self) -> str: ...
-    @property
-    def run_id(self) -> int: ...
-    @property
-    def ordinal(self) -> int: ...
-    @property
-    def attempt(self) -> int: ...
-    @property
-    def fence(self) -> int: ...
-    @property
-    def payload_digest(self) -> str: ...
+from poolkeeper.client import Holder, envelope
 
 
 class WorkerPort(Protocol):
@@ -155,17 +137,3 @@ class SimPool:
 def instance_id(ordinal: int) -> str:
     """A worker instance's ``owner``: new for every (re)start."""
     return f"sim-{ordinal}-{uuid.uuid4().hex[:12]}"
-
-
-def envelope(offer: Holder, **extra: Any) -> dict[str, Any]:
-    return {
-        "delivery_id": uuid.uuid4().hex,
-        "board": offer.board,
-        "task_id": offer.task_id,
-        "run_id": offer.run_id,
-        "worker_ordinal": offer.ordinal,
-        "attempt": offer.attempt,
-        "fence": offer.fence,
-        "payload_digest": offer.payload_digest,
-        **extra,
-    }

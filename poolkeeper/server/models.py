@@ -8,6 +8,7 @@ OpenAPI 3.1 schema and the 422s; the store still checks every envelope itself
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -85,20 +86,7 @@ class Grant(BaseModel):
 
     @classmethod
     def of(cls, offer: Offer) -> Grant:
-        return cls(
-            row_id=offer.row_id,
-            board=offer.board,
-            task_id=offer.task_id,
-            run_id=offer.run_id,
-            ordinal=offer.ordinal,
-            owner=offer.owner,
-            attempt=offer.attempt,
-            fence=offer.fence,
-            lease_until=offer.lease_until,
-            payload=offer.payload,
-            payload_digest=offer.payload_digest,
-            protocol_version=offer.protocol_version,
-        )
+        return cls(**{f.name: getattr(offer, f.name) for f in fields(offer)})
 
 
 class OfferResponse(BaseModel):
