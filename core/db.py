@@ -13,6 +13,7 @@ file before connecting, since connecting would create it.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import weakref
@@ -232,7 +233,7 @@ def require_schema(engine: Engine, package: str, what: str, *, writable: bool = 
         current = set(conn.scalars(select(versions.c.version_num))) if found else set()
     if not current:
         raise missing
-    heads = set(ScriptDirectory.from_config(_alembic_config(package)).get_heads())
+    heads = _heads(package)
     if current != heads:
         at, head = ", ".join(sorted(current)), ", ".join(sorted(heads))
         raise ConfigError(f"{where}: not migrated (at {at}, head {head}): run `poolctl init`")
@@ -240,6 +241,13 @@ def require_schema(engine: Engine, package: str, what: str, *, writable: bool = 
 
 def _version_table(package: str) -> str:
     return f"{package}_alembic_version"
+
+
+@functools.cache
+def _heads(package: str) -> frozenset[str]:
+    """The migration heads a package ships: read from its scripts once per process
+    (``/readyz`` and every command ask)."""
+    return frozenset(ScriptDirectory.from_config(_alembic_config(package)).get_heads())
 
 
 def _alembic_config(package: str) -> Config:
