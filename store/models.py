@@ -218,6 +218,55 @@ class ChildExecution(Base):
     )
 
 
+class EventKind(StrEnum):
+    """What an audit event records (docs/design.md, "Audit trail")."""
+
+    CLAIM = "claim"  # a board run was recorded on an ordinal
+    GRANT = "grant"  # a worker instance took the run under a new fence
+    EXPIRY = "expiry"  # the lease ended: re-offered or lease_failed
+    RESULT = "result"  # the holder delivered the run's result
+    RELEASE = "release"  # the holder handed the run back
+    SETTLE = "settle"  # the run turned terminal: finalized or stale, on evidence
+    REQUEUE = "requeue"  # an operator cleared backoff and quarantine
+    ABANDON = "abandon"  # an operator gave the run up
+    CANCEL = "cancel"  # an operator cancelled the board task
+    FAILURE = "failure"  # a maintenance step failed on the row (backoff)
+    QUARANTINE = "quarantine"  # the failure that reached the threshold
+    CHILDREN_RETIRED = "children_retired"  # the grant's end retired live child executions
+
+
+EVENT_KIND_CHECK_SQL = "kind IN (" + ", ".join(f"'{k.value}'" for k in EventKind) + ")"
+
+
+class AuditEvent(Base):
+    """One transition of one row, appended in the transaction that made it; kept for the retention period.
+
+    No foreign key: GC removes events by age, in batches, independently of rows.
+    """
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    row_id: Mapped[int] = mapped_column(Integer)
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(24))
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str | None] = mapped_column(String(16))
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    fence: Mapped[int | None] = mapped_column(BigInteger)
+    actor: Mapped[str] = mapped_column(String(64))  # "pass:<name>", "worker:<ordinal>" or "operator"
+    detail: Mapped[str | None] = mapped_column(Text)  # reason or evidence, bounded
+
+    __table_args__ = (
+        CheckConstraint(EVENT_KIND_CHECK_SQL, name="kind"),
+        Index("ix_audit_events_row_id", "row_id", "id"),
+        Index("ix_audit_events_at", "at"),
+        {"sqlite_autoincrement": True},
+    )
+
+
 class FenceSequence(Base):
     """A single row holding the last fence minted, store-wide and monotonic."""
 

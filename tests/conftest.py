@@ -17,10 +17,12 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from board import KanbanBoard
+from board.schema import metadata as board_metadata
 from core.settings import Settings
 from core.validate import canonical_json, sha256
 from store import PoolStore
 from store.models import Assignment, RowState
+from store.models import metadata as store_metadata
 from tasks import failures
 from tasks.plane import LocalCoordination, Plane
 from tests.factories import NOW, RowFactory
@@ -71,11 +73,9 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
     yield url
     engine = create_engine(url)
     with engine.begin() as conn:
-        for table in ("child_executions", "assignments", "deliveries", "runs", "tasks", "boards"):
-            conn.execute(text(f"DROP TABLE IF EXISTS {table} CASCADE"))
-        conn.execute(
-            text("DROP TABLE IF EXISTS fence_sequence, store_alembic_version, board_alembic_version CASCADE")
-        )
+        versions = ["store_alembic_version", "board_alembic_version"]
+        tables = [*store_metadata.tables, *board_metadata.tables, *versions]
+        conn.execute(text(f"DROP TABLE IF EXISTS {', '.join(tables)} CASCADE"))
     engine.dispose()
 
 
