@@ -123,55 +123,62 @@ def init() -> None:
 
 @app.command()
 def status(as_json: JsonOpt = False) -> None:
-    """Rows by state, free ordinals, oldest lease_failed, quarantined, board tasks by status."""
-    store = _store()
-    now = time.time()
-    with store.session(readonly=True) as s:
-        counts = queries.counts_by_state(s)
-        free = queries.free_ordinals(s, store.pool_size)
-        oldest = queries.oldest_in_state(s, RowState.LEASE_FAILED)
-        quarantined = queries.quarantined_count(s)
-        held_by_quarantined = queries.quarantined_ordinals(s)
-    board_counts = _kanban().counts_by_status()
-    data = {
-        "rows": counts,
-        "pool_size": store.pool_size,
-        "free_ordinals": free,
-        "oldest_lease_failed_seconds": None if oldest is None else round(now - oldest, 1),
-        "quarantined": quarantined,
-        "held_by_quarantined": held_by_quarantined,
-        "board": board_counts,
-    }
+    """Rows by state, ordinals, quarantined, beat liveness and queue depth, board tasks by status."""
+    from poolkeeper.status import redis_reader, snapshot
+
+    settings, store, kanban = _settings(), _store(), _kanban()
+    client, problem = redis_reader(settings)
+    data = snapshot(store, kanban, settings, client, time.time(), redis_error=problem)
+    free, counts = data["free_ordinals"], data["rows"]
     table = Table(title="poolkeeper", show_header=False)
     for state, n in counts.items():
         table.add_row(f"rows {state}", str(n))
     table.add_row("free ordinals", f"{len(free)}/{store.pool_size} {free}")
-    table.add_row("oldest lease_failed", "-" if oldest is None else f"{now - oldest:.0f}s ago")
-    table.add_row("quarantined", str(quarantined))
+    oldest = data["oldest_lease_failed_seconds"]
+    table.add_row("oldest lease_failed", "-" if oldest is None else f"{oldest:.0f}s ago")
+    table.add_row("quarantined", str(data["quarantined"]))
+    held_by_quarantined = data["held_by_quarantined"]
     stuck = f"{held_by_quarantined} (see `poolctl abandon`)" if held_by_quarantined else "-"
     table.add_row("ordinals held by quarantined rows", stuck)
-    for st, n in board_counts.items():
+    table.add_row("live child executions", str(data["live_children"]))
+    table.add_row("audit events written", str(data["audit_events"]))
+    unknown = f"unknown ({data['redis_error']})"
+    depth = data["queue_depth"]
+    table.add_row("queue depth", unknown if depth is None else str(depth))
+    alive = data["beat_alive"]
+    table.add_row("beat", unknown if alive is None else "alive" if alive else "NOT SCANNING")
+    for name, scan in data["scans"].items():
+        age = scan["age_seconds"]
+        seen = "unknown" if scan["late"] is None else "never" if age is None else f"{age:.0f}s ago"
+        table.add_row(f"last scan {name}", seen + (" (late)" if scan["late"] and age is not None else ""))
+    for st, n in data["board"].items():
         table.add_row(f"board {st}", str(n))
     _emit(data, table, as_json)
 
 
+ROW_FIELDS = (
+    "id",
+    "board",
+    "task_id",
+    "run_id",
+    "ordinal",
+    "state",
+    "attempt",
+    "fence",
+    "lease_until",
+    "updated_at",
+    "failures",
+    "last_error",
+    "next_attempt_at",
+    "quarantined",
+)
+
+
 def _row_dict(row: Any) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "board": row.board,
-        "task_id": row.task_id,
-        "run_id": row.run_id,
-        "ordinal": row.ordinal,
-        "state": row.state,
-        "attempt": row.attempt,
-        "fence": row.fence,
-        "lease_until": row.lease_until,
-        "updated_at": row.updated_at,
-        "failures": row.failures,
-        "last_error": row.last_error,
-        "next_attempt_at": row.next_attempt_at,
-        "quarantined": bool(row.quarantined),
-    }
+    from poolkeeper.status import row_view
+
+    view = row_view(row)
+    return {key: view[key] for key in ROW_FIELDS}
 
 
 @app.command()

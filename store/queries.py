@@ -12,7 +12,7 @@ from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 
 from core import validate
-from store.models import LIVE_STATES, Assignment, RowState
+from store.models import LIVE_STATES, Assignment, AuditEvent, RowState
 
 A = Assignment
 _LIVE = [s.value for s in LIVE_STATES]
@@ -108,3 +108,21 @@ def rows(
     if quarantined:
         stmt = stmt.where(A.quarantined)
     return list(s.scalars(stmt))
+
+
+def audit_events_written(s: Session) -> int:
+    """The audit table's highest event id: events appended so far (GC deletes the oldest first)."""
+    return s.scalar(select(func.max(AuditEvent.id))) or 0
+
+
+def rows_of_tasks(s: Session, board: str, task_ids: Sequence[str]) -> list[Assignment]:
+    """Every row (any state) of these board tasks, oldest run first: the console's board page."""
+    if not task_ids:
+        return []
+    stmt = select(A).where(A.board == board, A.task_id.in_(list(task_ids))).order_by(A.task_id, A.run_id)
+    return list(s.scalars(stmt))
+
+
+def live_rows(s: Session) -> list[Assignment]:
+    """The rows holding an ordinal (at most one per ordinal, so at most the pool size)."""
+    return list(s.scalars(select(A).where(A.state.in_(_LIVE)).order_by(A.ordinal)))

@@ -153,7 +153,7 @@ def _worker_start(sender: Any = None, **_: Any) -> None:
     if SETTINGS.metrics_port:
         host, port = SETTINGS.http_host, SETTINGS.metrics_port
         try:
-            metrics.start_exporter(port, host, PoolStore.from_settings(SETTINGS))
+            metrics.start_exporter(port, host, PoolStore.from_settings(SETTINGS), SETTINGS)
         except OSError as err:
             _refuse(f"POOL_METRICS_PORT: cannot serve metrics on {host}:{port}: {err}", 2)
 

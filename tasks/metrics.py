@@ -4,9 +4,11 @@ A worker exports them on ``POOL_METRICS_PORT`` (0 = off). Counters and the
 histogram are kept in each prefork child and aggregated through
 ``PROMETHEUS_MULTIPROC_DIR`` (the Celery entry point sets it before this
 module loads). Rows by state, the quarantined count, the ordinals (free,
-held, held by a quarantined row) and the live child executions are read from
-the store at scrape time. Every label value comes from a closed set: pass
-names from the registry, outcomes from ``tasks.declaration.Outcome``.
+held, held by a quarantined row), the live child executions and the audit
+events written are read from the store at scrape time; each pass's last scan
+and the queue depth from Redis (``PlaneCollector``, ``tasks.liveness``).
+Every label value comes from a closed set: pass names from the registry,
+outcomes from ``tasks.declaration.Outcome``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class StoreCollector:
             free = len(queries.free_ordinals(s, self.store.pool_size))
             stuck = len(queries.quarantined_ordinals(s))
             live_children = lineage.live_count(s)
+            events = queries.audit_events_written(s)
         rows = GaugeMetricFamily("poolkeeper_rows", "Pool store rows by state.", labels=["state"])
         for state, n in counts.items():
             rows.add_metric([state], n)
@@ -70,13 +73,62 @@ class StoreCollector:
             "Child executions registered or running under a current grant.",
             value=live_children,
         )
+        yield GaugeMetricFamily(
+            "poolkeeper_audit_events_written",
+            "The audit trail's highest event id: events appended so far.",
+            value=events,
+        )
 
 
-def start_exporter(port: int, host: str, store: Any) -> None:
-    """Serve /metrics from the worker's main process: all children's counters plus store gauges."""
+class PlaneCollector:
+    """Gauges read from Redis when Prometheus scrapes: each pass's last scan, the queue depth.
+
+    A Redis that does not answer leaves them out and says so in ``poolkeeper_redis_up``.
+    """
+
+    def __init__(self, settings: Any, client: Any) -> None:
+        self.settings, self.client = settings, client
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        import time
+
+        from tasks import liveness
+
+        health = liveness.read(self.client, self.settings, time.time())
+        yield GaugeMetricFamily(
+            "poolkeeper_redis_up", "Whether Redis answered this scrape.", value=int(health.error is None)
+        )
+        if health.error is not None:
+            return
+        scans = GaugeMetricFamily(
+            "poolkeeper_last_scan_timestamp_seconds",
+            "When each pass's scanner last finished (epoch seconds; beat liveness).",
+            labels=["pass_name"],
+        )
+        for p in health.scans:
+            if p.last is not None:
+                scans.add_metric([p.name], p.last)
+        yield scans
+        yield GaugeMetricFamily(
+            "poolkeeper_queue_depth",
+            "Messages waiting in the deployment's maintenance queue.",
+            value=health.queue_depth or 0,
+        )
+        yield GaugeMetricFamily(
+            "poolkeeper_beat_alive",
+            "1 while some pass was scanned within 3 of its intervals.",
+            value=int(bool(health.beat_alive)),
+        )
+
+
+def start_exporter(port: int, host: str, store: Any, settings: Any) -> None:
+    """Serve /metrics from the worker's main process: all children's counters, store and plane gauges."""
+    from tasks import liveness
+
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     registry.register(StoreCollector(store))
+    registry.register(PlaneCollector(settings, liveness.client_for(settings)))
     start_http_server(port, addr=host, registry=registry)
 
 

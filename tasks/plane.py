@@ -78,6 +78,10 @@ class Coordination(Protocol):
         """Raise ``Unavailable`` unless the coordination server answers."""
         ...
 
+    def record_scan(self, pass_name: str, now: float) -> None:
+        """Stamp the pass's last scan (``tasks.liveness`` reads it)."""
+        ...
+
 
 class RedisCoordination:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
@@ -139,6 +143,10 @@ class RedisCoordination:
         with _redis_errors(self.where):
             self.r.ping()
 
+    def record_scan(self, pass_name: str, now: float) -> None:
+        with _redis_errors(self.where):
+            self.r.hset(scans_key(self.prefix), pass_name, repr(now))
+
 
 class LocalCoordination:
     """In-process coordination (one process, no Redis)."""
@@ -148,6 +156,7 @@ class LocalCoordination:
         self._locks: dict[str, str] = {}
         self._pending: set[tuple[str, str]] = set()
         self._reserved: set[int] = set()
+        self.scans: dict[str, float] = {}
 
     def lock_many(self, keys: list[str]) -> list[str | None]:
         with self._mu:
@@ -191,6 +200,9 @@ class LocalCoordination:
 
     def ping(self) -> None:
         return None
+
+    def record_scan(self, pass_name: str, now: float) -> None:
+        self.scans[pass_name] = now
 
 
 class _redis_errors:
@@ -247,6 +259,11 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 def queue_name(settings: Settings) -> str:
     """The one maintenance queue of the deployment."""
     return f"{settings.namespace}.maintenance"
+
+
+def scans_key(namespace: str) -> str:
+    """The hash of each pass's last scan (``tasks.liveness``)."""
+    return f"{namespace}:scans"
 
 
 def process_task(settings: Settings) -> str:

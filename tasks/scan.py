@@ -4,7 +4,8 @@ A key is enqueued only if its pending marker could be set, so the queue holds
 at most one message per (pass, key) however often the scanners (or two beats)
 run and however slow the workers are. Keys travel in batches
 (``store_batch_size`` for store-only passes, ``batch_size`` for the others);
-each one still gets its own lock and its own outcome.
+each one still gets its own lock and its own outcome. A finished scan stamps
+the pass's last scan time (``Coordination.record_scan``) for ``tasks.liveness``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,14 @@ Enqueue = Callable[[str, list[Key]], None]
 
 
 def scan(plane: Plane, pass_name: str, now: float, enqueue: Enqueue) -> int:
-    """Run one pass's scanner; returns how many keys it enqueued (for any pass)."""
-    return registry.get(pass_name).find(plane, now, submitter(plane, enqueue))
+    """Run one pass's scanner; returns how many keys it enqueued (for any pass).
+
+    A scan that finished, whatever it found, stamps the pass's last scan
+    (``tasks.liveness``: beat liveness); one that raised does not.
+    """
+    n = registry.get(pass_name).find(plane, now, submitter(plane, enqueue))
+    plane.coord.record_scan(pass_name, now)
+    return n
 
 
 def submitter(plane: Plane, enqueue: Enqueue) -> Submit:

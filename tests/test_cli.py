@@ -57,10 +57,19 @@ def test_init_is_idempotent_and_status_has_a_stable_json_shape(tmp_path: Path) -
         "oldest_lease_failed_seconds",
         "quarantined",
         "held_by_quarantined",
+        "ordinals",
+        "live_children",
+        "audit_events",
         "board",
+        "queue_depth",
+        "beat_alive",
+        "redis_error",
+        "scans",
     }
     assert status["free_ordinals"] == [0, 1] and status["rows"]["assigned"] == 0
     assert status["held_by_quarantined"] == []
+    assert status["ordinals"] == {"free": 2, "held": 0, "quarantined": 0}
+    assert set(status["scans"]) == {"expire", "lease_failures", "results", "reconcile", "materialize", "gc"}
 
 
 def test_board_commands_and_maintain_once_drive_a_task(tmp_path: Path) -> None:

@@ -370,6 +370,9 @@ def test_worker_exports_prometheus_metrics(env: PlaneEnv) -> None:
     assert 'poolkeeper_ordinals{state="free"} 4.0' in body
     assert 'poolkeeper_ordinals{state="quarantined"} 0.0' in body
     assert "poolkeeper_expiry_to_reoffer_seconds_bucket" in body
+    assert "poolkeeper_redis_up 1.0" in body and "poolkeeper_beat_alive 1.0" in body
+    assert 'poolkeeper_last_scan_timestamp_seconds{pass_name="materialize"}' in body
+    assert "poolkeeper_queue_depth " in body and "poolkeeper_audit_events_written " in body
     labels = set(re.findall(r'poolkeeper_pass_outcomes_total\{outcome="([^"]*)",pass_name="([^"]*)"\}', body))
     allowed = {(o.value, p.name) for o in Outcome for p in registry.PASSES}
     assert labels and labels <= allowed, f"unbounded labels: {labels - allowed}"

@@ -1,0 +1,92 @@
+"""The pool's numbers in one place: ``poolctl status --json`` prints them, the console shows them.
+
+One function builds them, so the page and the command cannot disagree: rows by
+state, ordinals (free, held by a healthy live row, held by a quarantined one),
+the oldest ``lease_failed`` row, live child executions, audit events written,
+board tasks by status, and from Redis each pass's last scan, beat liveness and
+the queue depth (``tasks.liveness``; ``None`` when Redis does not answer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from board import KanbanBoard
+from core.settings import Settings
+from store import PoolStore, lineage, queries
+from store.models import LIVE_STATES, TERMINAL_STATES, RowState
+from tasks import liveness
+
+
+def redis_reader(settings: Settings) -> tuple[redis.Redis | None, str]:
+    """A short-timeout client for ``snapshot``, or None and why (a URL redis-py cannot take)."""
+    try:
+        return liveness.client_for(settings), ""
+    except ValueError as err:
+        return None, f"POOL_REDIS_URL: {err}"
+
+
+def snapshot(
+    store: PoolStore,
+    kanban: KanbanBoard,
+    settings: Settings,
+    client: redis.Redis | None,
+    now: float,
+    *,
+    redis_error: str = "",
+) -> dict[str, Any]:
+    with store.session(readonly=True) as s:
+        counts = queries.counts_by_state(s)
+        free = queries.free_ordinals(s, store.pool_size)
+        oldest = queries.oldest_in_state(s, RowState.LEASE_FAILED)
+        quarantined = queries.quarantined_count(s)
+        held_by_quarantined = queries.quarantined_ordinals(s)
+        live_children = lineage.live_count(s)
+        events = queries.audit_events_written(s)
+    board_counts = kanban.counts_by_status()
+    plane = liveness.read(client, settings, now, error=redis_error)
+    return {
+        "rows": counts,
+        "pool_size": store.pool_size,
+        "free_ordinals": free,
+        "oldest_lease_failed_seconds": None if oldest is None else round(now - oldest, 1),
+        "quarantined": quarantined,
+        "held_by_quarantined": held_by_quarantined,
+        "ordinals": {
+            "free": len(free),
+            "held": store.pool_size - len(free) - len(held_by_quarantined),
+            "quarantined": len(held_by_quarantined),
+        },
+        "live_children": live_children,
+        "audit_events": events,
+        "board": board_counts,
+        **plane.as_json(now),
+    }
+
+
+def row_view(r: Any) -> dict[str, Any]:
+    """A row as plain values (read inside its transaction): the console's, and `poolctl rows`' fields."""
+    return {
+        "id": r.id,
+        "board": r.board,
+        "task_id": r.task_id,
+        "run_id": r.run_id,
+        "ordinal": r.ordinal,
+        "state": r.state,
+        "attempt": r.attempt,
+        "fence": r.fence,
+        "owner": r.owner,
+        "lease_until": r.lease_until,
+        "payload_digest": r.payload_digest,
+        "result_digest": r.result_digest,
+        "created_at": r.created_at,
+        "updated_at": r.updated_at,
+        "failures": r.failures,
+        "last_error": r.last_error,
+        "next_attempt_at": r.next_attempt_at,
+        "quarantined": bool(r.quarantined),
+        "live": r.state in {s.value for s in LIVE_STATES},
+        "terminal": r.state in {s.value for s in TERMINAL_STATES},
+    }

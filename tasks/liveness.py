@@ -1,0 +1,114 @@
+"""Is the plane alive? Each pass's last scan and the depth of the deployment's queue, read from Redis.
+
+Writer: every scanner run (``tasks.scan.scan``) stamps its pass in the hash
+``<POOL_NAMESPACE>:scans`` (field: pass name, value: epoch seconds) through
+``Coordination.record_scan``. Redis, not the store: the scanner already talks
+to Redis on every tick (pending markers), so the stamp is one more command and
+no store write (SQLite has one writer), and readers (``poolctl serve``,
+``poolctl status``) already know ``POOL_REDIS_URL``.
+
+Reader: ``read`` gives each registered pass's last scan, whether it is late
+(older than ``LATE_AFTER`` times its interval, or never seen), whether beat is
+alive (some pass is not late: beat is ticking), and the queue depth: messages
+waiting in ``<POOL_NAMESPACE>.maintenance`` (kombu keeps one list per priority
+step; messages a worker already holds, such as retries with a countdown, are
+not waiting). When Redis does not answer every one of these is ``None``
+("unknown") and ``error`` says why; reading never raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from core.db import mask_url
+from core.settings import Settings
+from tasks import registry
+from tasks.plane import queue_name, scans_key, worker_redis_url
+
+LATE_AFTER = 3.0  # intervals without a scan before a pass counts as not scanning
+# kombu's Redis transport: a queue is one list per priority step, named queue + SEP + step (0: bare name)
+KOMBU_PRIORITY_SEP = "\x06\x16"
+KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
+READ_TIMEOUT_SECONDS = 1.0  # a page or a scrape waits this long at most for Redis
+
+
+def queue_lists(settings: Settings) -> list[str]:
+    """The Redis lists that hold the deployment's waiting messages."""
+    queue = queue_name(settings)
+    return [queue if step == 0 else f"{queue}{KOMBU_PRIORITY_SEP}{step}" for step in KOMBU_PRIORITY_STEPS]
+
+
+@dataclass(frozen=True)
+class PassScan:
+    name: str
+    interval: float
+    last: float | None  # epoch seconds of the last scan; None: never seen, or unknown
+    late: bool | None  # None: Redis did not answer
+
+
+@dataclass(frozen=True)
+class PlaneHealth:
+    scans: tuple[PassScan, ...]
+    queue_depth: int | None
+    beat_alive: bool | None
+    error: str | None = None  # why the rest is unknown
+
+    def as_json(self, now: float) -> dict[str, object]:
+        return {
+            "queue_depth": self.queue_depth,
+            "beat_alive": self.beat_alive,
+            "redis_error": self.error,
+            "scans": {
+                p.name: {
+                    "last": p.last,
+                    "age_seconds": None if p.last is None else round(max(0.0, now - p.last), 1),
+                    "interval_seconds": p.interval,
+                    "late": p.late,
+                }
+                for p in self.scans
+            },
+        }
+
+
+def client_for(settings: Settings) -> redis.Redis:
+    """A client for readers: short timeouts, so a page never waits long on a Redis that is away.
+
+    ``ValueError`` for a URL redis-py cannot take (the caller reports it as the reason).
+    """
+    return redis.Redis.from_url(
+        worker_redis_url(settings),
+        socket_timeout=READ_TIMEOUT_SECONDS,
+        socket_connect_timeout=READ_TIMEOUT_SECONDS,
+    )
+
+
+def read(client: redis.Redis | None, settings: Settings, now: float, *, error: str = "") -> PlaneHealth:
+    """Scans and queue depth as Redis has them now; unknown (with the reason) when it does not answer."""
+    intervals = [(p.name, p.interval(settings)) for p in registry.PASSES]
+    unknown = PlaneHealth(tuple(PassScan(n, i, None, None) for n, i in intervals), None, None, error or None)
+    if client is None:
+        return unknown
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.hgetall(scans_key(settings.namespace))
+        for name in queue_lists(settings):
+            pipe.llen(name)
+        stamps, *lengths = pipe.execute()
+    except (redis.RedisError, OSError) as err:
+        where = mask_url(worker_redis_url(settings))
+        return PlaneHealth(unknown.scans, None, None, f"redis at {where}: {type(err).__name__}: {err}")
+    scans = []
+    for name, interval in intervals:
+        last = _number(stamps.get(name.encode()))
+        late = last is None or now - last > LATE_AFTER * interval
+        scans.append(PassScan(name, interval, last, late))
+    return PlaneHealth(tuple(scans), sum(int(n) for n in lengths), any(not p.late for p in scans))
+
+
+def _number(raw: bytes | None) -> float | None:
+    try:
+        return None if raw is None else float(raw)
+    except ValueError:  # someone else's value under our key: not a scan we can read
+        return None

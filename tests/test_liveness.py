@@ -1,0 +1,62 @@
+"""Beat liveness and queue depth (``tasks.liveness``): what scanners stamp, what readers make of it."""
+
+from __future__ import annotations
+
+import fakeredis
+import redis
+
+from core.settings import Settings
+from tasks import liveness, metrics, registry, scan
+from tasks.plane import LocalCoordination, Plane, RedisCoordination
+from tests.factories import NOW
+
+SETTINGS = Settings(namespace="live", tick_seconds=5, reconcile_seconds=30, gc_seconds=3600)
+
+
+def test_a_finished_scan_stamps_its_pass(plane: Plane) -> None:
+    assert isinstance(plane.coord, LocalCoordination)
+    scan.scan(plane, "expire", NOW, lambda name, keys: None)
+    assert plane.coord.scans == {"expire": NOW}
+
+
+def test_passes_are_late_after_three_intervals_and_beat_is_alive_while_one_is_not() -> None:
+    client = fakeredis.FakeRedis()
+    coord = RedisCoordination(client, SETTINGS)
+    coord.record_scan("expire", NOW - 3 * 5 + 1)  # just inside
+    coord.record_scan("results", NOW - 3 * 5 - 1)  # just outside
+    coord.record_scan("gc", NOW - 3 * 3600 + 1)
+    got = {p.name: p for p in liveness.read(client, SETTINGS, NOW).scans}
+    assert (got["expire"].late, got["results"].late, got["gc"].late) == (False, True, False)
+    assert (got["reconcile"].last, got["reconcile"].late) == (None, True)  # never scanned
+    assert liveness.read(client, SETTINGS, NOW).beat_alive is True
+    assert liveness.read(client, SETTINGS, NOW + 3 * 3600).beat_alive is False
+    assert set(got) == {p.name for p in registry.PASSES}
+
+
+def test_queue_depth_counts_every_priority_list_of_this_namespace_only() -> None:
+    client = fakeredis.FakeRedis()
+    first, *_, last = liveness.queue_lists(SETTINGS)
+    assert first == "live.maintenance" and last == "live.maintenance\x06\x169"
+    client.rpush(first, "a", "b")
+    client.rpush(last, "c")
+    client.rpush("other.maintenance", "x")
+    assert liveness.read(client, SETTINGS, NOW).queue_depth == 3
+
+
+def test_an_unreachable_redis_is_unknown_with_the_reason_never_an_error() -> None:
+    away = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
+    health = liveness.read(away, SETTINGS, NOW)
+    assert (health.queue_depth, health.beat_alive) == (None, None)
+    assert health.error and "redis at" in health.error
+    assert all(p.late is None and p.last is None for p in health.scans)
+    names = [m.name for m in metrics.PlaneCollector(SETTINGS, away).collect()]
+    assert names == ["poolkeeper_redis_up"]
+
+
+def test_metrics_show_each_scan_and_the_depth() -> None:
+    client = fakeredis.FakeRedis()
+    RedisCoordination(client, SETTINGS).record_scan("expire", NOW)
+    found = {m.name: m for m in metrics.PlaneCollector(SETTINGS, client).collect()}
+    scans = found["poolkeeper_last_scan_timestamp_seconds"].samples
+    assert [(s.labels, s.value) for s in scans] == [({"pass_name": "expire"}, NOW)]
+    assert found["poolkeeper_queue_depth"].samples[0].value == 0
