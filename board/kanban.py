@@ -334,6 +334,19 @@ class KanbanBoard:
         with self._tx(readonly=True) as conn:
             return [(b, t, int(r), o) for b, t, r, o in conn.execute(stmt)]
 
+    def list_runs(self, board: str, task_ids: list[str]) -> list[dict[str, Any]]:
+        """Every run of these tasks, oldest first, as dicts of the ``runs`` columns."""
+        if not task_ids:
+            return []
+        r = runs.c
+        stmt = (
+            select(r.task_id, r.run_id, r.assignee, r.outcome, r.started_at, r.ended_at)
+            .where(r.board == board, r.task_id.in_(task_ids))
+            .order_by(r.task_id, r.run_id)
+        )
+        with self._tx(readonly=True) as conn:
+            return [dict(row._mapping) for row in conn.execute(stmt)]
+
     def has_board(self, board: str) -> bool:
         with self._tx(readonly=True) as conn:
             return conn.scalar(select(boards.c.name).where(boards.c.name == board)) is not None

@@ -28,7 +28,7 @@ from core import db
 from core.errors import PoolError, SettingsError, TransientError
 from core.settings import Settings
 from poolkeeper import tokens
-from poolkeeper.server import errors, limits
+from poolkeeper.server import console, errors, limits
 from poolkeeper.server.models import (
     DeliveryResponse,
     Envelope,
@@ -145,11 +145,13 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
         openapi_url="/openapi.json",
     )
     app.include_router(v1)
+    console.install(app, settings, pool)
     _add_probes(app, pool)
     _add_docs(app)
     errors.install(app)
     registry = CollectorRegistry()
     registry.register(_StoreGauges(pool))
+    registry.register(console.plane_gauges(settings))
     requests = Counter(
         "poolkeeper_http_requests",
         "HTTP requests by route, method and status.",

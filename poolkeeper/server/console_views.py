@@ -1,0 +1,174 @@
+"""What each console page shows, read in one short read-only transaction, and the templates that show it.
+
+Every row is turned into a plain dict inside its transaction, so templates
+never touch the database. The actions call what ``poolctl`` calls:
+``store.transitions.requeue``, ``poolkeeper.operator.abandon`` and ``cancel``,
+``KanbanBoard.unblock_task``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import redis
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+from board import KanbanBoard
+from core import validate
+from core.errors import InvalidInput, NotFound
+from core.settings import Settings
+from poolkeeper import operator
+from poolkeeper.status import row_view, snapshot
+from store import PoolStore, audit, lineage, queries, transitions
+from store import rows as rows_
+from store.models import RowState
+
+LIST_LIMIT = 200  # rows or tasks one page lists
+ALL_ORDINALS_UP_TO = 256  # a larger pool lists only its held ordinals
+
+
+def _when(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(ts: float | None, now: float) -> str:
+    if not ts:
+        return "never"
+    delta = now - ts
+    words = _span(abs(delta))
+    return f"{words} ago" if delta >= 0 else f"in {words}"
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+_ENV = Environment(
+    loader=PackageLoader("poolkeeper.server", "templates"),
+    autoescape=select_autoescape(default=True),
+    undefined=StrictUndefined,  # a misspelt name fails the test that renders it, not silently blank
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_ENV.filters["when"] = _when
+_ENV.globals["ago"] = _ago
+
+
+def render(template: str, **context: Any) -> str:
+    return _ENV.get_template(template).render(**context)
+
+
+class Pages:
+    def __init__(
+        self,
+        settings: Settings,
+        store: PoolStore,
+        kanban: KanbanBoard,
+        client: redis.Redis | None,
+        redis_problem: str,
+    ) -> None:
+        self.settings, self.store, self.kanban = settings, store, kanban
+        self.client, self.redis_problem = client, redis_problem
+
+    def overview(self, now: float) -> dict[str, Any]:
+        numbers = snapshot(
+            self.store, self.kanban, self.settings, self.client, now, redis_error=self.redis_problem
+        )
+        with self.store.session(readonly=True) as s:
+            live = {r.ordinal: row_view(r) for r in queries.live_rows(s)}
+            quarantined = [row_view(r) for r in queries.rows(s, quarantined=True, limit=LIST_LIMIT)]
+            failed = [row_view(r) for r in queries.rows(s, state=RowState.LEASE_FAILED, limit=LIST_LIMIT)]
+        size = self.store.pool_size
+        shown = range(size) if size <= ALL_ORDINALS_UP_TO else sorted(live)
+        ordinals = [{"ordinal": o, "row": live.get(o)} for o in shown]
+        return {
+            "numbers": numbers,
+            "ordinals": ordinals,
+            "all_ordinals": size <= ALL_ORDINALS_UP_TO,
+            "quarantined_rows": quarantined,
+            "lease_failed_rows": failed,
+            "now": now,
+            "max_attempts": self.store.max_attempts,
+        }
+
+    def rows(self, state: str, quarantined: bool, now: float) -> dict[str, Any]:
+        want = None
+        if state:
+            try:
+                want = RowState(state)
+            except ValueError:
+                names = ", ".join(s.value for s in RowState)
+                raise InvalidInput("state", f"unknown state {state[:40]!r}; one of {names}") from None
+        with self.store.session(readonly=True) as s:
+            listed = queries.rows(s, state=want, quarantined=quarantined, limit=LIST_LIMIT)
+            found = [row_view(r) for r in listed]
+        return {"rows": found, "state": state, "quarantined": quarantined, "now": now, "limit": LIST_LIMIT}
+
+    def row(self, row_id: int, now: float) -> dict[str, Any]:
+        with self.store.session(readonly=True) as s:
+            row = row_view(rows_.get_row(s, row_id))
+            children = lineage.tree(s, row_id)
+            history = audit.history(s, row_id, limit=LIST_LIMIT)
+        return {
+            "row": row,
+            "children": children,
+            "history": history,
+            "now": now,
+            "max_attempts": self.store.max_attempts,
+        }
+
+    def board(self, name: str, now: float) -> dict[str, Any]:
+        boards = self.kanban.list_boards()
+        if name and name not in boards:
+            raise NotFound(f"{name[:64]}: no such board")
+        name = name or (boards[0] if boards else "")
+        tasks = self.kanban.list_tasks(name, limit=LIST_LIMIT) if name else []
+        ids = [t.id for t in tasks]
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for run in self.kanban.list_runs(name, ids):
+            runs.setdefault(run["task_id"], []).append(run)
+        with self.store.session(readonly=True) as s:
+            found = queries.rows_of_tasks(s, name, ids)
+            by_run = {(r.task_id, r.run_id): row_view(r) for r in found}
+        listed = [
+            {
+                "task": t,
+                "runs": [{**run, "row": by_run.get((t.id, run["run_id"]))} for run in runs.get(t.id, [])],
+            }
+            for t in tasks
+        ]
+        return {"boards": boards, "board": name, "tasks": listed, "now": now, "limit": LIST_LIMIT}
+
+    def task(self, board: str, task_id: str) -> dict[str, Any]:
+        try:
+            validate.name("board", board, 64)
+            validate.name("task", task_id, 128)
+        except InvalidInput:
+            raise NotFound(f"{board[:64]}/{task_id[:128]}: no such task") from None
+        task = self.kanban.get_task(board, task_id)
+        if task is None:
+            raise NotFound(f"{board}/{task_id}: no such task")
+        return {"task": task}
+
+    # --- actions ---------------------------------------------------------------------
+
+    def act_on_row(self, action: str, row_id: int, reason: str, now: float) -> None:
+        if action == "requeue":
+            with self.store.session() as s:
+                transitions.requeue(s, row_id, now=now)
+        else:
+            operator.abandon(self.kanban, self.store, row_id, reason, now)
+
+    def act_on_task(self, action: str, board: str, task_id: str, now: float) -> None:
+        self.task(board, task_id)  # a name that cannot exist is "no such task", like one that does not
+        if action == "cancel":
+            operator.cancel(self.kanban, self.store, board, task_id, now)
+        else:
+            self.kanban.unblock_task(board, task_id)
