@@ -1,0 +1,533 @@
+"""The operator console in a real browser: Debian's Chromium (Selenium) against a real ``poolctl serve``.
+
+Each test starts the server as a subprocess over SQLite files, with a Redis of
+the tests' own (namespaced per test), and drives the pages as an operator
+would: sign in with the operator token, read, click, confirm. The store and the
+board are read back directly. Without Chromium the browser tests are skipped,
+except under CI (``CI=true``), where that is an error. Waits are deadline polls
+on what the page shows, never sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from sqlalchemy import text
+
+from board import KanbanBoard, TaskStatus
+from core.settings import Settings
+from poolkeeper import tokens
+from poolkeeper.client import PoolClient
+from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, free_port, wait_for
+from store import PoolStore
+from tasks import failures, registry
+from tasks.liveness import queue_lists
+from tasks.plane import LocalCoordination, Plane, RedisCoordination
+from tests import browser
+from tests.factories import row_state
+
+SECRET = "console-test-secret-" + "0123456789abcdef" * 3
+POOLCTL = [sys.executable, "-c", "from poolkeeper.cli import main; main()"]
+POISON = "ValueError: poisoned result: not JSON"
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+    why = browser.missing()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI needs the browser tests to run: {why}", pytrace=False)
+        pytest.skip(why)
+    tmp = tmp_path_factory.mktemp("chromium")
+    d = browser.chromium(tmp / "profile", tmp / "chromedriver.log")
+    yield d
+    d.quit()
+
+
+@dataclass
+class Console:
+    tmp: Path
+    settings: Settings
+    store: PoolStore
+    kanban: KanbanBoard
+    serve: ServeProc
+
+    @property
+    def url(self) -> str:
+        return self.serve.url
+
+    @property
+    def plane(self) -> Plane:
+        return Plane(self.settings, self.store, self.kanban, LocalCoordination())
+
+    def poolctl(self, *args: str) -> str:
+        done = subprocess.run(
+            [*POOLCTL, *args],
+            env={**os.environ, **self.settings.env()},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def claimed_row(self, task_id: str, ordinal: int) -> int:
+        """A board task the pool claimed, recorded on ``ordinal`` (state ``assigned``)."""
+        self.kanban.add_task("b", f"task {task_id}", task_id=task_id)
+        [claim] = self.kanban.claim_ready(1, assignee=self.settings.assignee, lane=self.settings.lane)
+        self.store.add_run(
+            board=claim.board, task_id=claim.task_id, run_id=claim.run_id, ordinal=ordinal, payload={"t": 1}
+        )
+        with self.store.session(readonly=True) as s:
+            found = s.execute(text("SELECT id FROM assignments WHERE task_id = :t"), {"t": task_id})
+            return int(found.scalar_one())
+
+    def quarantined_row(self, task_id: str = "poisoned", ordinal: int = 0) -> int:
+        """A granted row whose results pass failed until it was quarantined, through the real failure path."""
+        row = self.claimed_row(task_id, ordinal)
+        assert self.store.offer(ordinal, owner="w0") is not None
+        results = registry.get("results")
+        for _ in range(self.settings.quarantine_after):
+            failures.handle(self.plane, results, row, ValueError("poisoned result: not JSON"), time.time())
+        assert row_state(self.store, row)["quarantined"]
+        return row
+
+
+def start_console(tmp: Path, redis_url: str, **over: Any) -> Iterator[Console]:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp}/pool.db",
+        board_url=f"sqlite:///{tmp}/board.db",
+        redis_url=redis_url,
+        namespace=f"console{uuid.uuid4().hex[:8]}",
+        pool_size=3,
+        lease_seconds=30,
+        quarantine_after=3,
+        **over,
+    )
+    store = PoolStore.from_settings(settings)
+    store.migrate()
+    kanban = KanbanBoard(settings.board_url)
+    kanban.migrate()
+    serve = ServeProc(settings.env(), tmp, secret=SECRET)
+    try:
+        yield Console(tmp, settings, store, kanban, serve.wait_ready())
+    finally:
+        serve.stop()
+        store.engine.dispose()
+        kanban.engine.dispose()
+
+
+@pytest.fixture
+def console(tmp_path: Path, redis_server: RedisServer) -> Iterator[Console]:
+    yield from start_console(tmp_path, redis_server.url)
+
+
+# --- the browser's side ---------------------------------------------------------------
+
+
+def until(
+    what: str, check: Callable[[], object], timeout: float = 30, driver: WebDriver | None = None
+) -> Any:
+    """Poll what the page shows until ``check`` holds; a fragment swapped mid-read is read again.
+
+    At the deadline the failure shows the page (``driver``), so it says what was there instead.
+    """
+
+    def attempt() -> object:
+        try:
+            return check()
+        except (NoSuchElementException, StaleElementReferenceException):
+            return False
+
+    try:
+        return wait_for(what, attempt, timeout, every=0.2)
+    except AssertionError as err:
+        if driver is None:
+            raise
+        shown = driver.find_element(By.TAG_NAME, "body").text[:2000]
+        raise AssertionError(f"{err}; {driver.current_url} shows:\n{shown}") from None
+
+
+def metric(driver: WebDriver, name: str) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, f'[data-metric="{name}"]').text.strip())
+
+
+def message(driver: WebDriver) -> str:
+    return str(driver.find_element(By.ID, "message").text)
+
+
+def sign_in(driver: WebDriver, console: Console, token: str | None = None, then: str = "/ui") -> None:
+    driver.get(f"{console.url}/ui/login?next={then}")
+    driver.delete_all_cookies()  # every test's server is on 127.0.0.1: cookies would carry over
+    driver.get(f"{console.url}/ui/login?next={then}")
+    driver.find_element(By.ID, "token").send_keys(token or tokens.operator_token(SECRET))
+    driver.find_element(By.ID, "sign-in").click()
+
+
+def signed_in(driver: WebDriver, console: Console, then: str = "/ui") -> None:
+    sign_in(driver, console, then=then)
+    until(f"the console to open {then}", lambda: driver.current_url == console.url + then)
+
+
+def history_kinds(driver: WebDriver) -> list[str]:
+    return [
+        li.get_attribute("data-kind") or "" for li in driver.find_elements(By.CSS_SELECTOR, "#history li")
+    ]
+
+
+# --- the overview, live -------------------------------------------------------------------
+
+
+def test_the_overview_follows_a_live_run_without_a_reload(
+    driver: WebDriver, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Given a real worker and beat; when tasks arrive and a worker takes one, the open page shows it."""
+    env = start_console(tmp_path, redis_server.url, tick_seconds=0.5, reconcile_seconds=2)
+    console = next(env)
+    procs = [
+        CeleryProc("worker", console.settings.env(), tmp_path, "w1").wait_ready(),
+        CeleryProc("beat", console.settings.env(), tmp_path, "beat").wait_ready(),
+    ]
+    try:
+        signed_in(driver, console)
+        assert metric(driver, "rows.assigned") == "0"
+        driver.execute_script("window.noReload = 'still the same page'")
+
+        console.kanban.add_task("b", "first", task_id="t1")
+        console.kanban.add_task("b", "second", task_id="t2")
+        until("both rows on the page", lambda: metric(driver, "rows.assigned") == "2", 60)
+        until("beat alive on the page", lambda: metric(driver, "beat_alive") == "alive", 30)
+        assert metric(driver, "queue_depth").isdigit()
+        assert metric(driver, "ordinals.held") == "2" and metric(driver, "ordinals.free") == "1"
+        held = driver.find_elements(By.CSS_SELECTOR, '#ordinals a[data-field="row"]')
+        assert len(held) == 2
+        ordinal = int(held[0].find_element(By.XPATH, "./ancestor::tr").get_attribute("data-ordinal") or "")
+
+        with PoolClient(console.url, tokens.ordinal_token(SECRET, ordinal)) as client:
+            grant = client.offer(ordinal, owner="w0")
+        assert grant is not None
+
+        def running() -> bool:
+            row = driver.find_element(By.CSS_SELECTOR, f'#ordinals tr[data-ordinal="{ordinal}"]')
+            return str(row.find_element(By.CSS_SELECTOR, '[data-field="state"]').text) == "running"
+
+        until(f"ordinal {ordinal}'s row running on the page", running)
+        assert metric(driver, "rows.running") == "1"
+        assert metric(driver, "scans.materialize").endswith("ago")
+        assert driver.execute_script("return window.noReload") == "still the same page"
+    finally:
+        for proc in procs:
+            proc.stop()
+        next(env, None)
+
+
+# --- a quarantined row ---------------------------------------------------------------------
+
+
+def test_a_quarantined_row_opens_from_the_overview_with_its_errors(
+    driver: WebDriver, console: Console
+) -> None:
+    row = console.quarantined_row()
+    signed_in(driver, console)
+    assert metric(driver, "quarantined") == "1" and metric(driver, "ordinals.quarantined") == "1"
+    status = driver.find_element(By.CSS_SELECTOR, '#ordinals tr[data-ordinal="0"] [data-field="status"]')
+    assert status.text == "held by a quarantined row"
+
+    link = driver.find_element(By.ID, f"quarantined-{row}")
+    link.send_keys(Keys.ENTER)  # from the keyboard
+    until("the row page", lambda: driver.current_url == f"{console.url}/ui/rows/{row}")
+    field = lambda name: driver.find_element(By.CSS_SELECTOR, f'[data-field="{name}"]').text  # noqa: E731
+    assert field("failures") == "3" and field("last_error") == POISON
+    assert field("quarantined") == "quarantined" and field("state").startswith("running")
+    assert field("attempt") == "1 of 3" and field("fence").isdigit() and field("owner") == "w0"
+    assert len(field("payload_digest")) == 64 and field("result_digest") == "-"
+    assert field("backoff") != "-"  # still retried, slowly
+
+
+def test_a_quarantined_rows_history_reads_as_a_timeline(driver: WebDriver, console: Console) -> None:
+    """Needs the audit trail's writers (branch ``audit``): each transition appends its event."""
+    row = console.quarantined_row()
+    signed_in(driver, console, then=f"/ui/rows/{row}")
+    kinds = history_kinds(driver)
+    assert kinds[:2] == ["claim", "grant"], kinds
+    assert kinds[-3:] == ["failure", "failure", "quarantine"], kinds
+    last = driver.find_elements(By.CSS_SELECTOR, "#history li")[-1].text
+    assert "quarantine" in last and "by " in last
+
+
+# --- actions ----------------------------------------------------------------------------------
+
+
+def test_requeue_from_the_page_clears_backoff_and_quarantine(driver: WebDriver, console: Console) -> None:
+    row = console.quarantined_row()
+    signed_in(driver, console, then=f"/ui/rows/{row}")
+    driver.find_element(By.ID, "action-requeue").click()
+    until("the confirmation", lambda: driver.current_url.endswith(f"/ui/rows/{row}/requeue"))
+    assert row_state(console.store, row)["quarantined"]  # nothing happens before the confirmation
+    driver.find_element(By.ID, "confirm").click()
+    until("the notice", lambda: "Requeued" in driver.find_element(By.ID, "notice").text, driver=driver)
+    got = row_state(console.store, row)
+    assert (got["quarantined"], got["failures"], got["last_error"], got["state"]) == (
+        False,
+        0,
+        None,
+        "running",
+    )
+
+
+def test_abandon_from_the_page_parks_the_run_and_frees_the_ordinal(
+    driver: WebDriver, console: Console
+) -> None:
+    row = console.quarantined_row(ordinal=1)
+    signed_in(driver, console, then=f"/ui/rows/{row}")
+    driver.find_element(By.ID, "action-abandon").click()
+    until("the confirmation", lambda: driver.find_elements(By.ID, "reason"))
+    driver.find_element(By.ID, "reason").send_keys("poisoned payload")
+    driver.find_element(By.ID, "confirm").click()
+    until("the notice", lambda: "Abandoned" in driver.find_element(By.ID, "notice").text, driver=driver)
+    assert row_state(console.store, row)["state"] == "stale"
+    task = console.kanban.get_task("b", "poisoned")
+    assert task is not None and task.status is TaskStatus.BLOCKED
+    assert (task.block_kind, task.block_reason) == ("operator", "abandoned by operator: poisoned payload")
+    assert driver.find_elements(By.ID, "action-abandon") == []  # a settled row offers no action
+
+    driver.get(f"{console.url}/ui")
+    assert metric(driver, "ordinals.free") == "3" and metric(driver, "quarantined") == "0"
+
+
+def test_a_board_task_is_unblocked_and_cancelled_from_the_board_page(
+    driver: WebDriver, console: Console
+) -> None:
+    row = console.claimed_row("t1", 0)
+    console.kanban.add_task("b", "parked one", task_id="t2")
+    [claim] = console.kanban.claim_ready(1, assignee=console.settings.assignee, lane=console.settings.lane)
+    assert console.kanban.block_task("b", "t2", "needs a human", "capability", claim.run_id)
+    signed_in(driver, console, then="/ui/board")
+    assert driver.find_element(By.ID, "run-t1-1").text == f"row {row}"
+
+    driver.find_element(By.ID, "unblock-t2").click()
+    driver.find_element(By.ID, "confirm").click()
+    until("the notice", lambda: "Unblocked" in driver.find_element(By.ID, "notice").text, driver=driver)
+    assert console.kanban.get_task("b", "t2").status is TaskStatus.READY  # type: ignore[union-attr]
+
+    driver.find_element(By.ID, "cancel-t1").click()
+    driver.find_element(By.ID, "confirm").click()
+    until("the notice", lambda: "Cancelled" in driver.find_element(By.ID, "notice").text, driver=driver)
+    assert console.kanban.get_task("b", "t1").status is TaskStatus.DONE  # type: ignore[union-attr]
+    assert row_state(console.store, row)["state"] == "stale"
+
+
+def test_a_missing_or_wrong_token_is_refused_and_changes_nothing(driver: WebDriver, console: Console) -> None:
+    row = console.quarantined_row()
+    before = row_state(console.store, row)
+
+    # no session: the page asks for the token first
+    driver.get(f"{console.url}/ui/login")
+    driver.delete_all_cookies()
+    driver.get(f"{console.url}/ui/rows/{row}/requeue")
+    assert driver.current_url.startswith(f"{console.url}/ui/login?next=")
+    # a wrong token, then a worker's: refused, still signed out
+    for token, why in (
+        ("op." + "0" * 64, "not a token this server issued"),
+        (tokens.ordinal_token(SECRET, 0), "a token of ordinal 0 cannot sign in"),
+        ("   ", "no token given"),
+    ):
+        driver.find_element(By.ID, "token").clear()
+        driver.find_element(By.ID, "token").send_keys(token)
+        driver.find_element(By.ID, "sign-in").click()
+        until(f"the refusal ({why})", lambda why=why: why in message(driver))
+        assert driver.get_cookies() == []
+
+    # signed in, but the session is gone when the form is sent
+    signed_in(driver, console, then=f"/ui/rows/{row}/requeue")
+    driver.delete_all_cookies()
+    driver.find_element(By.ID, "confirm").click()
+    until("the refusal", lambda: "not signed in" in message(driver))
+    assert "Nothing was changed" in message(driver)
+
+    # signed in, but the form's check value is forged
+    signed_in(driver, console, then=f"/ui/rows/{row}/requeue")
+    driver.execute_script("document.querySelector('input[name=csrf]').value = 'forged'")
+    driver.find_element(By.ID, "confirm").click()
+    until("the refusal", lambda: "check value" in message(driver))
+
+    # and outside the browser: no cookie, a forged one, another site's form
+    cookie = {c["name"]: c["value"] for c in driver.get_cookies()}
+    target = f"{console.url}/ui/rows/{row}/abandon"
+    form = {"reason": "x", "csrf": "whatever"}
+    assert httpx.post(target, data=form).status_code == 401
+    assert (
+        httpx.post(target, data=form, cookies={"poolkeeper_console": "9999999999.forged"}).status_code == 401
+    )
+    assert (
+        httpx.post(target, data=form, cookies=cookie, headers={"Origin": "http://evil.test"}).status_code
+        == 403
+    )
+    assert row_state(console.store, row) == before
+
+
+# --- the numbers --------------------------------------------------------------------------
+
+
+def test_the_pages_numbers_equal_poolctl_status_json(
+    driver: WebDriver, console: Console, redis_server: RedisServer
+) -> None:
+    console.quarantined_row("q1", ordinal=0)
+    console.claimed_row("a1", ordinal=1)
+    console.kanban.add_task("b", "waiting", task_id="r1")
+    client = redis_server.client()
+    coord = RedisCoordination(client, console.settings)
+    now = time.time()
+    coord.record_scan("expire", now)
+    coord.record_scan("materialize", now - 1)
+    coord.record_scan("gc", now - 4 * console.settings.gc_seconds)  # late
+    first, *_, last = queue_lists(console.settings)
+    client.rpush(first, "m1", "m2")
+    client.rpush(last, "m3")  # a message of another priority step waits too
+
+    signed_in(driver, console)
+    status = json.loads(console.poolctl("status", "--json"))
+    assert status["queue_depth"] == 3 and status["beat_alive"] is True and status["quarantined"] == 1
+
+    expected = {f"rows.{k}": str(v) for k, v in status["rows"].items()}
+    expected |= {f"board.{k}": str(v) for k, v in status["board"].items()}
+    expected |= {f"ordinals.{k}": str(v) for k, v in status["ordinals"].items()}
+    for key in ("quarantined", "pool_size", "live_children", "audit_events", "queue_depth"):
+        expected[key] = str(status[key])
+    expected["beat_alive"] = "alive" if status["beat_alive"] else "not scanning"
+    for name, scan in status["scans"].items():
+        expected[f"scans.{name}"] = "never" if scan["last"] is None else "late" if scan["late"] else "ago"
+
+    def shown() -> dict[str, str]:
+        got = {key: metric(driver, key) for key in expected}
+        for key in [k for k in got if k.startswith("scans.")]:
+            text = got[key]
+            got[key] = "never" if text == "never" else "late" if text.endswith("(late)") else "ago"
+        return got
+
+    until("the page to show the numbers of `poolctl status --json`", lambda: shown() == expected, 10)
+    assert expected["scans.gc"] == "late" and expected["scans.reconcile"] == "never"
+
+
+def test_without_redis_the_plane_numbers_are_unknown_not_an_error(tmp_path: Path) -> None:
+    """No browser needed: the page and `poolctl status` say "unknown" when Redis does not answer."""
+    env = start_console(tmp_path, f"redis://127.0.0.1:{free_port()}/0")
+    down = next(env)
+    try:
+        with httpx.Client(base_url=down.url) as http:
+            http.post("/ui/login", data={"token": tokens.operator_token(SECRET)})
+            page = http.get("/ui")
+            metrics = http.get("/metrics").text
+        assert page.status_code == 200
+        assert (
+            'data-metric="queue_depth">unknown<' in page.text
+            and 'data-metric="beat_alive">unknown<' in page.text
+        )
+        assert "poolkeeper_redis_up 0.0" in metrics
+        status = json.loads(down.poolctl("status", "--json"))
+        assert (status["queue_depth"], status["beat_alive"]) == (None, None) and status["redis_error"]
+    finally:
+        next(env, None)
+
+
+# --- bad input, keyboard, colours ------------------------------------------------------------
+
+
+def test_bad_input_is_one_clear_page_never_a_traceback(console: Console) -> None:
+    row = console.quarantined_row()
+    before = row_state(console.store, row)
+    with httpx.Client(base_url=console.url) as http:
+        http.post("/ui/login", data={"token": tokens.operator_token(SECRET)})
+        csrf = _csrf(http.get(f"/ui/rows/{row}/abandon").text)
+        cases = [
+            (http.get("/ui/rows/abc"), 404, "a row id is a whole number"),
+            (http.get("/ui/rows/99999999999"), 404, "a row id is a whole number"),
+            (http.get("/ui/rows/777"), 404, "row 777: no such row"),
+            (http.get(f"/ui/rows/{row}/explode"), 404, "no action"),
+            (http.get("/ui/rows?state=melted"), 422, "unknown state"),
+            (http.get("/ui/board?board=nope"), 404, "no such board"),
+            (http.get("/ui/board/b/tasks/..%2F..%2Fx/cancel"), 404, "the console has no page"),
+            (http.get("/ui/board/b/tasks/no%20such/cancel"), 404, "b/no such: no such task"),
+            (http.get("/ui/board/b/tasks/t9/cancel"), 404, "b/t9: no such task"),
+            (http.post(f"/ui/rows/{row}/abandon", data={"csrf": csrf, "reason": " "}), 422, "reason"),
+            (http.post(f"/ui/rows/{row}/abandon", content=b"\xff\xfe", headers=_FORM), 403, "check value"),
+        ]
+        for got, status, words in cases:
+            assert (got.status_code, words in got.text) == (status, True), got.text[-500:]
+            assert "Traceback" not in got.text and "<html" in got.text
+        stale = console.claimed_row("done1", 2)
+        with console.store.session() as s:
+            s.execute(text("UPDATE assignments SET state='stale', payload=NULL WHERE id=:r"), {"r": stale})
+        refused = http.post(f"/ui/rows/{stale}/requeue", data={"csrf": csrf})
+        assert refused.status_code == 422 and "a terminal row is never retried" in refused.text
+    assert row_state(console.store, row) == before
+
+
+_FORM = {"content-type": "application/x-www-form-urlencoded"}
+
+
+def _csrf(page: str) -> str:
+    return page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
+
+def test_the_pages_are_keyboard_reachable_and_readable_light_and_dark(
+    driver: WebDriver, console: Console
+) -> None:
+    row = console.quarantined_row()
+    signed_in(driver, console)
+    wanted = {"nav-overview", "nav-board", "sign-out", "state-assigned", f"quarantined-{row}", "ord-0"}
+    seen: list[str] = []
+    driver.find_element(By.TAG_NAME, "body").send_keys(Keys.TAB)
+    while not wanted <= set(seen) and len(seen) < 40:
+        active = driver.switch_to.active_element
+        seen.append(active.get_attribute("id") or active.tag_name)
+        if active.tag_name in ("a", "button"):
+            style = driver.execute_script("return getComputedStyle(arguments[0]).outlineStyle", active)
+            assert style != "none", f"focus not visible on {seen[-1]}"
+        active.send_keys(Keys.TAB)
+    assert wanted <= set(seen), seen
+
+    colours = {}
+    for scheme in ("light", "dark"):
+        browser.color_scheme(driver, scheme)
+        driver.get(f"{console.url}/ui")
+        colours[scheme] = driver.execute_script(
+            "const s = getComputedStyle(document.body); return [s.backgroundColor, s.color]"
+        )
+    browser.color_scheme(driver, "light")
+    assert colours["light"] == ["rgb(255, 255, 255)", "rgb(27, 31, 36)"]
+    assert colours["dark"] == ["rgb(13, 17, 23)", "rgb(230, 237, 243)"]
+    assert driver.execute_script("return document.documentElement.scrollWidth") <= browser.WIDTH
+
+
+def test_the_console_ships_its_assets(console: Console) -> None:
+    with httpx.Client(base_url=console.url) as http:
+        js = http.get("/ui/static/htmx.min.js")
+        css = http.get("/ui/static/console.css")
+        login = http.get("/ui/login")
+    assert js.status_code == 200 and js.text.startswith("/*! htmx 2.") and "0BSD" in js.text[:200]
+    assert css.status_code == 200 and "prefers-color-scheme: dark" in css.text
+    assert "script-src 'self'" in login.headers["content-security-policy"]
+    assert 'src="http' not in login.text and 'href="http' not in login.text  # nothing from elsewhere
