@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench screenshots clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,6 +30,9 @@ bench: install
 	$(PY) bench/storm.py
 	$(PY) bench/api_bench.py
 	$(PY) bench/lineage_bench.py
+
+screenshots: install  # the console's pictures in docs/ (needs Debian's chromium and chromium-driver)
+	$(PY) -m tests.screenshots docs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,111 @@
+"""Screenshots of the console for the README: ``python -m tests.screenshots [OUTDIR]`` (default ``docs/``).
+
+Seeds a small pool through the real code paths (board tasks claimed and
+materialized by ``maintain_once`` over a Redis of its own, grants, a row
+quarantined by the failure path, a parked task), starts ``poolctl serve`` and
+takes, at 1280 by 800 in Debian's Chromium: the overview (light and dark), a
+quarantined row's page and the board page. Run it by hand when the pages
+change; no test writes into the tree.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from selenium.webdriver.common.by import By
+
+from board import KanbanBoard
+from core.settings import Settings
+from poolkeeper import tokens
+from poolkeeper.embedded import RedisServer, ServeProc, wait_for
+from store import PoolStore, queries
+from tasks import failures, registry
+from tasks.maintain import maintain_once
+from tasks.plane import Plane, RedisCoordination
+from tests import browser
+
+SECRET = "screenshot-secret-" + "0123456789abcdef" * 3
+TITLES = [
+    "Resize product images",
+    "Rebuild search index",
+    "Send weekly digest",
+    "Reconcile invoices",
+    "Export audit log",
+    "Warm CDN cache",
+    "Compact event store",
+]
+
+
+def seed(settings: Settings, store: PoolStore, kanban: KanbanBoard, redis: RedisServer) -> int:
+    """The pool as an operator might find it; returns the quarantined row's id."""
+    for i, title in enumerate(TITLES):
+        kanban.add_task("payments", title, task_id=f"pay-{i + 1:03d}")
+    plane = Plane(settings, store, kanban, RedisCoordination(redis.client(), settings))
+    maintain_once(plane, time.time())  # claims and materializes: one row per free ordinal
+    for ordinal in (0, 1):
+        store.offer(ordinal, owner=f"worker-{ordinal}")
+    with store.session(readonly=True) as s:
+        poisoned = next(r.id for r in queries.live_rows(s) if r.ordinal == 2)
+    for _ in range(settings.quarantine_after):
+        error = ValueError("result payload is not JSON: b'\\x89PNG\\r\\n'")
+        failures.handle(plane, registry.get("results"), poisoned, error, time.time())
+    [parked] = kanban.claim_ready(1, assignee=settings.assignee, lane=settings.lane)
+    kanban.block_task(
+        parked.board, parked.task_id, "exit code 2: credentials expired", "capability", parked.run_id
+    )
+    kanban.add_task("payments", "Migrate legacy accounts", task_id="pay-900", lane="manual")
+    return poisoned
+
+
+def main(outdir: Path) -> None:
+    why = browser.missing()
+    if why:
+        sys.exit(f"screenshots: {why}")
+    outdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="poolkeeper-screens-") as scratch:
+        tmp = Path(scratch)
+        redis = RedisServer(tmp).start()
+        settings = Settings(
+            database_url=f"sqlite:///{tmp}/pool.db",
+            board_url=f"sqlite:///{tmp}/board.db",
+            redis_url=redis.url,
+            namespace="screens",
+            pool_size=4,
+            quarantine_after=3,
+        )
+        store, kanban = PoolStore.from_settings(settings), KanbanBoard(settings.board_url)
+        store.migrate()
+        kanban.migrate()
+        row = seed(settings, store, kanban, redis)
+        serve = ServeProc(settings.env(), tmp, secret=SECRET).wait_ready()
+        driver = browser.chromium(tmp / "profile", tmp / "chromedriver.log")
+        try:
+            driver.get(f"{serve.url}/ui/login")
+            driver.find_element(By.ID, "token").send_keys(tokens.operator_token(SECRET))
+            driver.find_element(By.ID, "sign-in").click()
+            wait_for("the overview", lambda: driver.current_url == f"{serve.url}/ui", 30)
+            shots = [
+                ("/ui", "console-overview.png", "light"),
+                ("/ui", "console-overview-dark.png", "dark"),
+                (f"/ui/rows/{row}", "console-row.png", "light"),
+                ("/ui/board", "console-board.png", "light"),
+            ]
+            for path, name, scheme in shots:
+                browser.color_scheme(driver, scheme)
+                driver.get(serve.url + path)
+                driver.find_element(By.ID, "main")
+                driver.save_screenshot(str(outdir / name))
+                print(f"wrote {outdir / name}")
+        finally:
+            driver.quit()
+            serve.stop()
+            redis.stop()
+            store.engine.dispose()
+            kanban.engine.dispose()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs"))
