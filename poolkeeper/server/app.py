@@ -5,7 +5,8 @@ asks for it, so the port is up before the store is and ``/readyz`` says when
 the store is reachable and migrated. Worker endpoints are plain functions, so
 FastAPI runs them in its thread pool and the event loop keeps serving others
 while one waits on the store. Each is one ``PoolStore`` call, whose errors
-``errors.install`` maps to a status by class.
+``errors.install`` maps to a status by class. A child execution's calls use
+the token of its run's ordinal (``holder_of``).
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the endpoints' annotations, and
@@ -24,12 +25,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from core import db
-from core.errors import PoolError, SettingsError, TransientError
+from core import db, validate
+from core.errors import InvalidInput, PoolError, SettingsError, TransientError
 from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.server import errors, limits
 from poolkeeper.server.models import (
+    Child,
+    ChildHeartbeat,
+    ChildHeartbeatResponse,
+    ChildRegistration,
+    ChildResult,
     DeliveryResponse,
     Envelope,
     ErrorBody,
@@ -40,9 +46,11 @@ from poolkeeper.server.models import (
     ReleaseResponse,
     ResultEnvelope,
     Status,
+    VanishedChild,
+    VanishedResponse,
 )
 from poolkeeper.tokens import Principal
-from store import PoolStore, queries
+from store import PoolStore, lineage, queries, rows
 
 API_VERSION = "1"
 _bearer = HTTPBearer(
@@ -125,6 +133,54 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
         with writing:
             return ReleaseResponse(outcome=pool.release(body.model_dump()))
 
+    def holder_of(row_id: int, field: str, who: Principal) -> None:
+        """A child call acts for its run's ordinal: the token's ordinal must hold the row.
+
+        A row's ordinal never changes, so reading it before the store call is enough.
+        """
+        if who.anyone:
+            return
+        if who.is_operator:
+            raise errors.Forbidden(f"a token of {who} cannot act for a worker's children")
+        if row_id > validate.INT32_MAX:
+            raise InvalidInput(field, f"names row {row_id}, past the largest row id")
+        with pool.session(readonly=True) as s:
+            ordinal = rows.get_row(s, row_id).ordinal
+        worker_of(ordinal, who)
+
+    kids = APIRouter(prefix="/v1/children", tags=["child executions"], responses=WORKER_REFUSALS)
+
+    @kids.post("", response_model=Child)
+    def register_child(body: ChildRegistration, who: Caller) -> Child:
+        """Register a child under the holder's grant (or a live child of it); ``key``: idempotent."""
+        holder_of(body.row_id, "row_id", who)
+        with writing:
+            got = pool.register_child(body.model_dump(exclude_none=True))
+        return Child(
+            child_id=got.id, epoch=got.epoch, row_id=got.row_id, parent_id=got.parent_id, depth=got.depth
+        )
+
+    @kids.post("/heartbeat", response_model=ChildHeartbeatResponse)
+    def child_heartbeat(body: ChildHeartbeat, who: Caller) -> ChildHeartbeatResponse:
+        """A child is alive (``registered`` → ``running``); stale once it or its parent's grant ended."""
+        holder_of(lineage.row_of(body.child_id), "child_id", who)
+        with writing:
+            return ChildHeartbeatResponse(outcome=pool.child_heartbeat(body.model_dump(exclude_none=True)))
+
+    @kids.post("/result", response_model=DeliveryResponse)
+    def child_result(body: ChildResult, who: Caller) -> DeliveryResponse:
+        """A child's result: it and its live descendants turn terminal; the same result is a duplicate."""
+        holder_of(lineage.row_of(body.child_id), "child_id", who)
+        with writing:
+            return DeliveryResponse(outcome=pool.child_result(body.model_dump()))
+
+    @kids.post("/vanished", response_model=VanishedResponse)
+    def child_vanished(body: VanishedChild, who: Caller) -> VanishedResponse:
+        """The holder lost a live child's worker: it and its live descendants turn ``unknown``."""
+        holder_of(body.row_id, "row_id", who)
+        with writing:
+            return VanishedResponse(unknown=pool.child_vanished(body.model_dump()))
+
     @v1.get("/status", response_model=Status, responses=_refusals(403, 503), tags=["operator"])
     def status(_: Annotated[Principal, Depends(operator)]) -> Status:
         """Rows by state, free ordinals, quarantined rows (operator token)."""
@@ -145,6 +201,7 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
         openapi_url="/openapi.json",
     )
     app.include_router(v1)
+    app.include_router(kids)
     _add_probes(app, pool)
     _add_docs(app)
     errors.install(app)
