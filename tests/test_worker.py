@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.embedded import ServeProc, wait_for
 from store import PoolStore
-from tests.factories import row_state
+from tests.factories import row_state, serving
 
 SECRET = "worker-test-secret-" + "0123456789abcdef" * 3
 
@@ -32,11 +31,8 @@ SECRET = "worker-test-secret-" + "0123456789abcdef" * 3
 @pytest.fixture
 def server(settings: Settings, store: PoolStore, tmp_path: Path) -> Iterator[ServeProc]:
     """A server whose leases last 1.5 s: a run outlives its lease only if the worker heartbeats."""
-    proc = ServeProc(replace(settings, lease_seconds=1.5).env(), tmp_path, secret=SECRET)
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
+    with serving(settings, tmp_path, secret=SECRET, lease_seconds=1.5) as proc:
+        yield proc
 
 
 def given_run(store: PoolStore, payload: dict[str, Any], ordinal: int = 0) -> int:
@@ -57,7 +53,11 @@ def worker(
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*POOLCTL, "worker", "--ordinal", str(ordinal), "--command", command, "--url", server.url, *extra],
-        env={**os.environ, "POOL_WORKER_TOKEN": token or tokens.ordinal_token(SECRET, ordinal)},
+        env={
+            **os.environ,
+            "POOL_WORKER_TOKEN": token or tokens.ordinal_token(SECRET, ordinal),
+            "POOL_SERVER_SECRET": SECRET,  # as on a host that serves too: never handed to the command
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -75,7 +75,9 @@ import json, os, sys, time
 payload = json.load(sys.stdin)
 time.sleep(3)  # two leases' worth: only heartbeats keep the grant
 env = os.environ
-print("title:", payload["title"], "token:", env.get("POOL_WORKER_TOKEN"), "task:", env["POOL_TASK_ID"])
+print("title:", payload["title"], "task:", env["POOL_TASK_ID"], "secret:", env.get("POOL_SERVER_SECRET"))
+names = ("POOL_ROW_ID", "POOL_ATTEMPT", "POOL_FENCE", "POOL_OWNER", "POOL_WORKER_URL", "POOL_WORKER_TOKEN")
+print(json.dumps({name: env.get(name) for name in names}))
 print("working", file=sys.stderr)
 """
 
@@ -88,11 +90,16 @@ def test_a_command_runs_with_the_payload_on_stdin_and_its_output_is_the_result(
     state = row_state(store, row)
     assert state["state"] == "result", log[-3000:]
     result = json.loads(state["result"])
-    assert result == {
-        "status": "done",
-        "exit_code": 0,
-        "stdout_tail": "title: hello token: None task: t1\n",  # the worker's token is not passed on
-        "stderr_tail": "working\n",
+    first, grant_env = result.pop("stdout_tail").splitlines()
+    assert result == {"status": "done", "exit_code": 0, "stderr_tail": "working\n"}
+    assert first == "title: hello task: t1 secret: None"  # the server's secret is never passed on
+    assert json.loads(grant_env) == {  # what `poolctl child` needs to register and report children
+        "POOL_ROW_ID": str(row),
+        "POOL_ATTEMPT": "1",
+        "POOL_FENCE": str(state["fence"]),
+        "POOL_OWNER": state["owner"],
+        "POOL_WORKER_URL": server.url,
+        "POOL_WORKER_TOKEN": tokens.ordinal_token(SECRET, 0),  # children report with the run's ordinal's
     }
 
 
