@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import httpx
@@ -65,6 +65,7 @@ class Grant:
     payload_digest: str
     protocol_version: int
     lease_seconds: float
+    child_token: str | None = field(default=None, repr=False)  # this grant's /v1/children calls only
 
     def envelope(self, delivery_id: str | None = None, **extra: Any) -> dict[str, Any]:
         """The envelope naming this exact holder (``extra``: ``payload`` for a result)."""
@@ -292,8 +293,8 @@ def _refusal(response: httpx.Response) -> PoolError:
     if status == 404 and error == "NotFound":
         return NotFound(text)
     if status == 422:
-        field, _, problem = text.partition(": ")
-        return InvalidInput(field, problem) if problem else InvalidInput("request", text)
+        name, _, problem = text.partition(": ")
+        return InvalidInput(name, problem) if problem else InvalidInput("request", text)
     return Refused(status, error or "HTTPError", text)
 
 

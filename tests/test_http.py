@@ -176,7 +176,7 @@ def test_a_holder_registers_children_that_beat_and_deliver_over_http(served: Ser
     assert {c["status"] for c in got.values()} == {"terminal", "unknown"} and len(got) == 3
 
 
-def test_a_child_reports_with_its_runs_ordinal_token_only(served: Served) -> None:
+def test_another_ordinals_or_the_operators_token_cannot_act_for_a_child(served: Served) -> None:
     row, grant = taken(served)
     with served.client(0) as client:
         child = client.register_child(grant.ref())
@@ -241,6 +241,118 @@ def test_past_the_depth_cap_registering_is_a_409_naming_under(
             with pytest.raises(LineageTooDeep, match="past the cap of 2"):
                 client.register_child(grant.ref(), under=deepest.child_id)
         assert child_rows(sqlite_store) == before
+
+
+# --- child tokens: one grant's children, nothing else ----------------------------------
+
+
+def refusal(answer: httpx.Response, status: int, error: str) -> str:
+    """The refusal's detail, checked to be ``status``/``error`` and one line."""
+    assert answer.status_code == status and answer.json()["error"] == error, answer.text
+    detail = answer.json()["detail"]
+    assert isinstance(detail, str) and detail and "\n" not in detail, detail
+    return detail
+
+
+def child_calls(grant: Grant, child_id: str, fence: int) -> list[tuple[str, dict[str, Any]]]:
+    """Each /v1/children call for ``child_id`` under ``grant``'s holder, naming ``fence``."""
+    held = replace(grant, fence=fence).ref()
+    return [
+        ("/v1/children", held.body()),
+        ("/v1/children/heartbeat", {"child_id": child_id, "epoch": fence}),
+        ("/v1/children/result", {"child_id": child_id, "epoch": fence, "payload": {}}),
+        ("/v1/children/vanished", held.body(child_id=child_id)),
+    ]
+
+
+def test_a_grant_carries_a_child_token_that_acts_for_its_children(served: Served) -> None:
+    row, grant = taken(served)
+    assert grant.child_token == tokens.child_token(SECRET, row, grant.fence)
+    assert grant.child_token not in repr(grant)  # never logged with the grant
+    with PoolClient(served.url, grant.child_token) as child_client:
+        child = child_client.register_child(grant.ref(), key="k")
+        nested = child_client.register_child(grant.ref(), under=child.child_id)
+        assert child_client.child_heartbeat(child, {"step": 1}) == "applied"
+        assert child_client.child_result(nested, {"out": 1}) == "applied"
+        assert child_client.child_vanished(grant.ref(), child.child_id) == 1
+    got = child_rows(served.store)
+    assert {c["id"]: c["status"] for c in got.values()} == {
+        child.child_id: "unknown",
+        nested.child_id: "terminal",
+    }
+
+
+def test_a_child_token_cannot_offer_beat_release_deliver_or_read_status(served: Served) -> None:
+    row, grant = taken(served)
+    token = grant.child_token
+    before = row_state(served.store, row)
+    for path, body in (
+        ("/v1/offer", {"ordinal": 0, "owner": "w0"}),
+        ("/v1/offer", {"ordinal": 0, "owner": "thief"}),
+        ("/v1/heartbeat", grant.envelope()),
+        ("/v1/release", grant.envelope()),
+        ("/v1/result", grant.envelope(payload={"status": "done"})),
+    ):
+        detail = refusal(served.post(path, body, token), 403, "Forbidden")
+        assert detail == (
+            f"a child token (of the grant of row {row} under fence {grant.fence}) acts only on"
+            " /v1/children for that grant, nothing else"
+        ), path
+    status = httpx.get(f"{served.url}/v1/status", headers={"Authorization": f"Bearer {token}"})
+    assert refusal(status, 403, "Forbidden").startswith("a child token (of the grant of row ")
+    assert row_state(served.store, row) == before  # nothing changed
+
+
+def test_a_child_token_of_another_row_or_fence_or_a_forged_one_is_refused(served: Served) -> None:
+    row, grant = taken(served)
+    other_row, other = taken(served, ordinal=1, task_id="t2")
+    with served.client(0) as client:
+        child = client.register_child(grant.ref())
+    before = (row_state(served.store, row), child_rows(served.store))
+    wrong = {
+        "another row": other.child_token,
+        "another fence": tokens.child_token(SECRET, row, grant.fence + 1),
+        "an older fence": tokens.child_token(SECRET, row, grant.fence - 1) if grant.fence > 1 else None,
+    }
+    for why, token in wrong.items():
+        if token is None:
+            continue
+        for path, body in child_calls(grant, child.child_id, grant.fence):
+            detail = refusal(served.post(path, body, token), 403, "Forbidden")
+            assert detail.startswith("a child token of the grant of row ") and detail.endswith(
+                f"cannot act for the grant of row {row} under fence {grant.fence}"
+            ), (why, path, detail)
+    forged = {
+        "unsigned": f"c{row}.{grant.fence}." + "0" * 64,
+        "another secret": tokens.child_token("another-secret-" + "x" * 32, row, grant.fence),
+        "retargeted": f"c{other_row}.{other.fence}." + str(grant.child_token).rsplit(".", 1)[1],
+        "leading zero": f"c0{row}.{grant.fence}." + str(grant.child_token).rsplit(".", 1)[1],
+        "truncated": str(grant.child_token)[:-1],
+        "upper case": str(grant.child_token).upper(),
+    }
+    for why, token in forged.items():
+        for path, body in child_calls(grant, child.child_id, grant.fence):
+            detail = refusal(served.post(path, body, token), 401, "Unauthenticated")
+            assert detail == "the bearer token is not one this server issued", (why, path)
+    assert (row_state(served.store, row), child_rows(served.store)) == before
+
+
+def test_a_child_token_stops_writing_once_its_grant_is_regranted(served: Served) -> None:
+    row, old = taken(served)
+    with PoolClient(served.url, old.child_token) as stale_client:
+        child = stale_client.register_child(old.ref())
+        assert stale_client.child_heartbeat(child) == "applied"
+        with served.client(0) as client:
+            new = client.offer(0, owner="w0-restarted")  # a restart: the same run under a new fence
+        assert new is not None and new.fence > old.fence and new.child_token != old.child_token
+        before = (row_state(served.store, row), child_rows(served.store))
+        for path, body in child_calls(old, child.child_id, old.fence):  # the old grant: stale
+            assert "stale" in refusal(served.post(path, body, old.child_token), 409, "StaleHolder"), path
+        for path, body in child_calls(new, child.child_id, new.fence):  # the new grant: not its token
+            refusal(served.post(path, body, old.child_token), 403, "Forbidden")
+        assert (row_state(served.store, row), child_rows(served.store)) == before
+    with PoolClient(served.url, new.child_token) as fresh:
+        assert fresh.register_child(new.ref()).epoch == new.fence
 
 
 # --- auth ---------------------------------------------------------------------------

@@ -152,10 +152,14 @@ class Grant(BaseModel):
     payload: dict[str, Any]
     payload_digest: str
     protocol_version: int
+    child_token: str | None = Field(
+        description="A bearer token for this grant's /v1/children calls only (its row and fence), for the"
+        " command and its children instead of the ordinal's token; null on a --local-only server."
+    )
 
     @classmethod
-    def of(cls, offer: Offer) -> Grant:
-        return cls(**{f.name: getattr(offer, f.name) for f in fields(offer)})
+    def of(cls, offer: Offer, *, child_token: str | None) -> Grant:
+        return cls(**{f.name: getattr(offer, f.name) for f in fields(offer)}, child_token=child_token)
 
 
 class OfferResponse(BaseModel):
