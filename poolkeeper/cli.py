@@ -416,7 +416,7 @@ def worker(
 child_app = typer.Typer(
     no_args_is_help=True,
     help="Register and report child executions from inside a `poolctl worker` command: its"
-    " POOL_WORKER_URL, POOL_WORKER_TOKEN, POOL_ROW_ID, POOL_ATTEMPT, POOL_FENCE and POOL_OWNER say"
+    " POOL_WORKER_URL, POOL_CHILD_TOKEN, POOL_ROW_ID, POOL_ATTEMPT, POOL_FENCE and POOL_OWNER say"
     " which grant. A refusal is one line: exit 1 when stale (the child must stop), 2 bad input.",
     epilog=EPILOG,
 )
@@ -429,12 +429,12 @@ ChildOpt = Annotated[
 
 def _child_client() -> PoolClient:
     from poolkeeper.client import PoolClient
-    from poolkeeper.worker import TOKEN_ENV, URL_ENV
+    from poolkeeper.worker import CHILD_TOKEN_ENV, URL_ENV
 
     url = os.environ.get(URL_ENV, "")
     if not url:
         raise InvalidInput(URL_ENV, "not set: run this inside a `poolctl worker` command, or set it")
-    return PoolClient(url, os.environ.get(TOKEN_ENV) or None)
+    return PoolClient(url, os.environ.get(CHILD_TOKEN_ENV) or None)
 
 
 def _child_id(child_id: str) -> str:

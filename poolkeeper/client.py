@@ -165,7 +165,7 @@ class PoolClient:
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.url, self.token = url.rstrip("/"), token  # handed to a worker's command for its children
+        self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
             base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport

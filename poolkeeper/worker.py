@@ -4,10 +4,12 @@ Loop: poll ``offer`` until the ordinal has a grant; run the command (argv from
 ``shlex.split``, never a shell) with the grant's payload as JSON on stdin and
 ``POOL_BOARD``, ``POOL_TASK_ID``, ``POOL_RUN_ID``, ``POOL_ATTEMPT`` in its
 environment, and what registering and reporting child executions takes
-(``grant_env``: ``POOL_ROW_ID``, ``POOL_FENCE``, ``POOL_OWNER``, and the server's
-``POOL_WORKER_URL`` and the ordinal's ``POOL_WORKER_TOKEN``, which a child's
-reports authenticate with; ``poolctl child`` reads them); heartbeat every third
-of the lease while it runs; deliver the result:
+(``grant_env``: ``POOL_ROW_ID``, ``POOL_FENCE``, ``POOL_OWNER``, the server's
+``POOL_WORKER_URL`` and the grant's ``POOL_CHILD_TOKEN``, which acts only on
+this grant's children; ``poolctl child`` reads them). The command never sees
+the ordinal's token or the server secret: it is untrusted work, and must not
+offer, heartbeat, release or deliver for the ordinal. Heartbeat every third of
+the lease while it runs; deliver the result:
 
 - exit 0: ``{"status": "done", "exit_code": 0, "stdout_tail": ..., "stderr_tail": ...}``
 - exit N: ``{"status": "blocked", "reason": "exit code N: <last stderr line>", "exit_code": N, ...}``
@@ -43,8 +45,10 @@ from poolkeeper.client import Grant, GrantRef, PoolClient
 log = logging.getLogger("poolkeeper.worker")
 TAIL_BYTES = 4096
 KILL_GRACE_SECONDS = 5.0
-URL_ENV, TOKEN_ENV = "POOL_WORKER_URL", "POOL_WORKER_TOKEN"  # what `poolctl worker` and `child` read
-SCRUBBED_ENV = (TOKEN_ENV, "POOL_SERVER_SECRET", "POOL_SERVER_SECRET_FILE")  # the token: set anew
+URL_ENV, TOKEN_ENV = "POOL_WORKER_URL", "POOL_WORKER_TOKEN"  # what `poolctl worker` reads
+CHILD_TOKEN_ENV = "POOL_CHILD_TOKEN"  # the grant's child token: what `poolctl child` authenticates with
+# Never passed on to the command (the child token is set anew for each grant).
+SCRUBBED_ENV = (TOKEN_ENV, CHILD_TOKEN_ENV, "POOL_SERVER_SECRET", "POOL_SERVER_SECRET_FILE")
 
 
 def default_owner() -> str:
@@ -155,7 +159,7 @@ class CommandWorker:
     def _execute(self, grant: Grant) -> tuple[Outcome, bool]:
         """The command's outcome, and whether the grant is still ours."""
         env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
-        env.update(grant_env(grant, self.client.url, self.client.token))
+        env.update(grant_env(grant, self.client.url))
         try:
             child = subprocess.Popen(
                 self.argv,
@@ -221,7 +225,7 @@ class CommandWorker:
             )
 
 
-def grant_env(grant: Grant, url: str, token: str | None) -> dict[str, str]:
+def grant_env(grant: Grant, url: str) -> dict[str, str]:
     """The command's view of its grant: enough to register children and for them to report."""
     env = {
         "POOL_BOARD": grant.board,
@@ -233,7 +237,7 @@ def grant_env(grant: Grant, url: str, token: str | None) -> dict[str, str]:
         "POOL_OWNER": grant.owner,
         URL_ENV: url,
     }
-    return env if token is None else {**env, TOKEN_ENV: token}
+    return env if grant.child_token is None else {**env, CHILD_TOKEN_ENV: grant.child_token}
 
 
 def grant_from_env(env: Mapping[str, str]) -> GrantRef:

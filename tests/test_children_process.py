@@ -170,12 +170,12 @@ def test_a_killed_workers_children_are_retired_after_expiry_and_refused_after(
             err = answers[-1]["err"].strip()
             assert err.startswith("poolctl: ") and "stale child refused" in err and "\n" not in err, err
 
-        # And a late heartbeat or result of a retired child changes nothing
+        # And a late heartbeat or result of a retired child, with its grant's child token, changes nothing
         before = (row_state(store, row), children(store))
         some = next(iter(retired))
         env = {
             "POOL_WORKER_URL": server.url,
-            "POOL_WORKER_TOKEN": token,
+            "POOL_CHILD_TOKEN": tokens.child_token(SECRET, row, held["fence"]),
             "POOL_FENCE": str(held["fence"]),
             "POOL_CHILD_ID": some,
         }

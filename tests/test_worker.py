@@ -75,32 +75,40 @@ import json, os, sys, time
 payload = json.load(sys.stdin)
 time.sleep(3)  # two leases' worth: only heartbeats keep the grant
 env = os.environ
-print("title:", payload["title"], "task:", env["POOL_TASK_ID"], "secret:", env.get("POOL_SERVER_SECRET"))
-names = ("POOL_ROW_ID", "POOL_ATTEMPT", "POOL_FENCE", "POOL_OWNER", "POOL_WORKER_URL", "POOL_WORKER_TOKEN")
+print("title:", payload["title"], "task:", env["POOL_TASK_ID"])
+names = ("POOL_ROW_ID", "POOL_ATTEMPT", "POOL_FENCE", "POOL_OWNER", "POOL_WORKER_URL", "POOL_CHILD_TOKEN")
 print(json.dumps({name: env.get(name) for name in names}))
+with open(sys.argv[1], "w") as f:  # all of it, to look for what must not be there
+    json.dump(dict(env), f)
 print("working", file=sys.stderr)
 """
 
 
 def test_a_command_runs_with_the_payload_on_stdin_and_its_output_is_the_result(
-    server: ServeProc, store: PoolStore
+    server: ServeProc, store: PoolStore, tmp_path: Path
 ) -> None:
     row = given_run(store, {"title": "hello"})
-    log = finished(worker(server, python(ECHO), "--once"))
+    seen = tmp_path / "env.json"
+    log = finished(worker(server, f"{python(ECHO)} {shlex.quote(str(seen))}", "--once"))
     state = row_state(store, row)
     assert state["state"] == "result", log[-3000:]
     result = json.loads(state["result"])
     first, grant_env = result.pop("stdout_tail").splitlines()
     assert result == {"status": "done", "exit_code": 0, "stderr_tail": "working\n"}
-    assert first == "title: hello task: t1 secret: None"  # the server's secret is never passed on
+    assert first == "title: hello task: t1"
     assert json.loads(grant_env) == {  # what `poolctl child` needs to register and report children
         "POOL_ROW_ID": str(row),
         "POOL_ATTEMPT": "1",
         "POOL_FENCE": str(state["fence"]),
         "POOL_OWNER": state["owner"],
         "POOL_WORKER_URL": server.url,
-        "POOL_WORKER_TOKEN": tokens.ordinal_token(SECRET, 0),  # children report with the run's ordinal's
+        "POOL_CHILD_TOKEN": tokens.child_token(SECRET, row, state["fence"]),  # this grant's children only
     }
+    # The command is untrusted work: neither the ordinal's token nor the server's secret reaches it
+    env = json.loads(seen.read_text())
+    assert "POOL_WORKER_TOKEN" not in env and not any(k.startswith("POOL_SERVER_SECRET") for k in env)
+    everything = json.dumps(env)
+    assert tokens.ordinal_token(SECRET, 0) not in everything and SECRET not in everything
 
 
 def test_a_failing_command_parks_its_run_with_the_exit_code_and_last_error_line(
