@@ -7,6 +7,7 @@ table in ``EPILOG`` and README "Operate"), never a traceback unless
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -14,7 +15,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -30,6 +31,9 @@ from poolkeeper import operator
 from store import PoolStore, lineage, queries, transitions
 from store import rows as rows_
 from store.models import RowState
+
+if TYPE_CHECKING:
+    from poolkeeper.client import ChildToken, PoolClient
 
 # The first class that matches decides; anything else is an internal error (exit 1).
 EPILOG = """Exit codes:
@@ -412,6 +416,108 @@ def worker(
         runner = CommandWorker(client, ordinal, argv, owner=owner, poll_seconds=poll, once=once)
         runner.install_signal_handlers()
         raise typer.Exit(runner.run())
+
+
+# --- child executions, from inside a worker's command ---------------------------
+
+child_app = typer.Typer(
+    no_args_is_help=True,
+    help="Register and report child executions from inside a `poolctl worker` command: its"
+    " POOL_WORKER_URL, POOL_CHILD_TOKEN, POOL_ROW_ID, POOL_ATTEMPT, POOL_FENCE and POOL_OWNER say"
+    " which grant. A refusal is one line: exit 1 when stale (the child must stop), 2 bad input.",
+    epilog=EPILOG,
+)
+app.add_typer(child_app, name="child")
+ChildOpt = Annotated[
+    str,
+    typer.Option("--child", envvar="POOL_CHILD_ID", show_default=False, help="The id `register` printed."),
+]
+
+
+def _child_client() -> PoolClient:
+    from poolkeeper.client import PoolClient
+    from poolkeeper.worker import CHILD_TOKEN_ENV, URL_ENV
+
+    url = os.environ.get(URL_ENV, "")
+    if not url:
+        raise InvalidInput(URL_ENV, "not set: run this inside a `poolctl worker` command, or set it")
+    return PoolClient(url, os.environ.get(CHILD_TOKEN_ENV) or None)
+
+
+def _child_id(child_id: str) -> str:
+    if not child_id:
+        raise InvalidInput("--child", "missing: give --child or set POOL_CHILD_ID")
+    return child_id
+
+
+def _child_token(child_id: str) -> ChildToken:
+    from poolkeeper.client import ChildToken
+    from poolkeeper.worker import fence_from_env
+
+    return ChildToken(_child_id(child_id), fence_from_env(os.environ))
+
+
+def _json_object(option: str, value: str) -> dict[str, Any]:
+    try:
+        found = json.loads(value)
+    except ValueError as err:
+        raise InvalidInput(option, f"not JSON: {err}") from None
+    if not isinstance(found, dict):
+        raise InvalidInput(option, f"expected a JSON object, got {type(found).__name__}")
+    return found
+
+
+@child_app.command("register")
+def child_register(
+    under: Annotated[str | None, typer.Option(help="Nest under this live child (its id).")] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(help="Idempotency key: the same key (same grant and parent) is the same child."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Register a child under this command's grant; print its id (POOL_CHILD_ID for the child)."""
+    from poolkeeper.worker import grant_from_env
+
+    holder = grant_from_env(os.environ)
+    with _child_client() as client:
+        child = client.register_child(holder, under=under, key=key)
+    if as_json:
+        _emit(dataclasses.asdict(child), "", True)
+    else:
+        print(child.child_id)
+
+
+@child_app.command("heartbeat")
+def child_heartbeat(
+    child: ChildOpt = "",
+    receipt: Annotated[str | None, typer.Option(help="A JSON object: the child's latest receipt.")] = None,
+) -> None:
+    """The child is alive (registered → running); refused (exit 1) once it or its grant ended."""
+    document = None if receipt is None else _json_object("--receipt", receipt)
+    with _child_client() as client:
+        print(client.child_heartbeat(_child_token(child), document))
+
+
+@child_app.command("result")
+def child_result(
+    child: ChildOpt = "",
+    payload: Annotated[str, typer.Option(help="The child's result, a JSON object.")] = "{}",
+) -> None:
+    """Deliver the child's result: it turns terminal (with its own children); prints applied or duplicate."""
+    document = _json_object("--payload", payload)
+    with _child_client() as client:
+        print(client.child_result(_child_token(child), document))
+
+
+@child_app.command("vanished")
+def child_vanished(child: ChildOpt = "") -> None:
+    """The holder lost a live child's process: it and its live descendants turn unknown."""
+    from poolkeeper.worker import grant_from_env
+
+    holder = grant_from_env(os.environ)
+    with _child_client() as client:
+        print(client.child_vanished(holder, _child_id(child)))
 
 
 # --- board ---------------------------------------------------------------------

@@ -5,7 +5,8 @@ or a broken connection is retried with exponential backoff and jitter
 (``core.retry.RetryPolicy``), at least as long as ``Retry-After`` asks; a retry
 of one call sends the same delivery id, so the store answers a delivery that
 already landed with ``duplicate``. Refusals come back as the project's errors,
-by the class the server names: ``StaleHolder``, ``DeliveryConflict`` (409),
+by the class the server names: ``StaleHolder``, ``DeliveryConflict``,
+``LineageTooDeep`` (409),
 ``NotFound`` (404), ``InvalidInput`` (422), ``Refused`` (401, 403, 413),
 ``TransientError`` once the retries are spent.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import httpx
@@ -33,6 +34,8 @@ _PROTOCOL = {
         errors.LostRace,
         errors.OrdinalTaken,
         errors.DuplicateIdentity,
+        errors.LineageTooDeep,
+        errors.LineageLive,
     )
 }
 
@@ -62,10 +65,51 @@ class Grant:
     payload_digest: str
     protocol_version: int
     lease_seconds: float
+    child_token: str | None = field(default=None, repr=False)  # this grant's /v1/children calls only
 
     def envelope(self, delivery_id: str | None = None, **extra: Any) -> dict[str, Any]:
         """The envelope naming this exact holder (``extra``: ``payload`` for a result)."""
         return envelope(self, delivery_id, **extra)
+
+    def ref(self) -> GrantRef:
+        """What registering a child under this grant (or reporting one vanished) names."""
+        return GrantRef(self.row_id, self.attempt, self.fence, self.owner)
+
+
+@dataclass(frozen=True)
+class GrantRef:
+    """A grant's holder by the four fields that name it (``poolctl worker`` hands them to its command)."""
+
+    row_id: int
+    attempt: int
+    fence: int
+    owner: str
+
+    def body(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "row_id": self.row_id,
+            "attempt": self.attempt,
+            "fence": self.fence,
+            "owner": self.owner,
+            **extra,
+        }
+
+
+@dataclass(frozen=True)
+class ChildToken:
+    """What a child reports with: its id and the epoch (its grant's fence) it was registered under."""
+
+    child_id: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Child(ChildToken):
+    """A registered child, as ``register_child`` returns it."""
+
+    row_id: int
+    parent_id: str
+    depth: int
 
 
 _GRANT_FIELDS = frozenset(f.name for f in fields(Grant)) - {"lease_seconds"}
@@ -121,6 +165,7 @@ class PoolClient:
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
             base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
@@ -154,6 +199,33 @@ class PoolClient:
 
     def release(self, grant: Grant, delivery_id: str | None = None) -> str:
         return self.send("release", grant.envelope(delivery_id))
+
+    # --- child executions (docs/design.md, "Lineage") --------------------------------
+
+    def register_child(self, holder: GrantRef, *, under: str | None = None, key: str | None = None) -> Child:
+        """Register a child under ``holder``'s grant (or under its live child ``under``).
+
+        A key is always sent (a random one unless given), so a retry of this call
+        after a lost answer returns the child already registered, not a second one.
+        """
+        body = holder.body(key=key or new_delivery_id(), **({} if under is None else {"under": under}))
+        got = self._call("POST", "/v1/children", body)
+        return Child(**{f.name: got[f.name] for f in fields(Child)})
+
+    def child_heartbeat(self, child: ChildToken, receipt: Mapping[str, Any] | None = None) -> str:
+        extra = {} if receipt is None else {"receipt": dict(receipt)}
+        return self._child_report("heartbeat", child, extra)
+
+    def child_result(self, child: ChildToken, payload: Mapping[str, Any]) -> str:
+        return self._child_report("result", child, {"payload": dict(payload)})
+
+    def child_vanished(self, holder: GrantRef, child_id: str) -> int:
+        """The holder lost the child's worker: how many (it and its live descendants) turned unknown."""
+        return int(self._call("POST", "/v1/children/vanished", holder.body(child_id=child_id))["unknown"])
+
+    def _child_report(self, kind: str, child: ChildToken, extra: dict[str, Any]) -> str:
+        body = {"child_id": child.child_id, "epoch": child.epoch, **extra}
+        return str(self._call("POST", f"/v1/children/{kind}", body)["outcome"])
 
     def send(self, kind: str, envelope: Mapping[str, Any]) -> str:
         """Post a ready envelope to ``heartbeat``, ``result`` or ``release``; its outcome."""
@@ -221,8 +293,8 @@ def _refusal(response: httpx.Response) -> PoolError:
     if status == 404 and error == "NotFound":
         return NotFound(text)
     if status == 422:
-        field, _, problem = text.partition(": ")
-        return InvalidInput(field, problem) if problem else InvalidInput("request", text)
+        name, _, problem = text.partition(": ")
+        return InvalidInput(name, problem) if problem else InvalidInput("request", text)
     return Refused(status, error or "HTTPError", text)
 
 

@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass
 
 from board import Board, BoardTask, KanbanBoard
-from core.errors import InvalidInput, TransientError
-from store import PoolStore, rows, transitions
+from core.errors import InvalidInput, LineageLive, TransientError
+from store import PoolStore, lineage, rows, transitions
 from store.models import LIVE_STATES, TERMINAL_STATES, RowState
 
 log = logging.getLogger("poolkeeper.operator")
@@ -69,7 +69,9 @@ def cancel(kanban: KanbanBoard, store: PoolStore, board: str, task_id: str, now:
 def abandon(board: Board, store: PoolStore, row_id: int, reason: str, now: float) -> Abandoned:
     """Give up on a row for good: park its exact run on the board, then settle the row ``stale``.
 
-    Refuses a terminal row. The park is compare-and-set on the row's run: if
+    Refuses a terminal row, and a row with a ``registered`` or ``running`` child
+    (``LineageLive``, before the board is asked); ``unknown`` children are
+    discarded with the settle, never replayed. The park is compare-and-set on the row's run: if
     the board refuses because the run already moved on, that is evidence
     enough and the row is settled all the same. A busy board raises
     ``TransientError`` with nothing changed; a busy store after the park
@@ -81,9 +83,16 @@ def abandon(board: Board, store: PoolStore, row_id: int, reason: str, now: float
         row = rows.get_row(s, row_id)
     if row.state not in {state.value for state in NOT_TERMINAL}:
         raise InvalidInput("row", f"row {row_id} is {row.state}: a settled row is never abandoned")
+    with store.session(readonly=True) as s:
+        lineage.refuse_live(s, row_id)  # a reset waits for live children; the board is not told yet
     why = f"abandoned by operator: {reason}"
     parked = board.block_task(row.board, row.task_id, why, "operator", row.run_id)
     with store.session() as s:
+        rows.get_row(s, row_id, for_update=True)
+        try:
+            lineage.reset(s, row_id, now=now)  # again under the row's lock; discards `unknown` children
+        except LineageLive as err:  # a child registered since the check: the board has parked the run
+            raise LineageLive(f"{err}; the board task is parked, so reconcile settles the row") from None
         settled = transitions.settle_run(
             s,
             board=row.board,

@@ -2,9 +2,12 @@
 
 A token names its subject and carries the HMAC-SHA256 of that subject under the
 server secret: ``o3.<hex>`` acts for ordinal 3 only, ``op.<hex>`` is the
-operator's. Nothing is stored: the server recomputes the MAC for the subject a
-token names and compares in constant time, so a token is checked without
-trying every ordinal, and rotating the secret revokes every token at once.
+operator's, ``c12.40.<hex>`` is a child token: it acts only on the child
+executions of row 12's grant under fence 40 (``poolctl worker`` hands it to its
+command instead of the ordinal's token). Nothing is stored: the server
+recomputes the MAC for the subject a token names and compares in constant time,
+so a token is checked without trying every ordinal, and rotating the secret
+revokes every token at once.
 """
 
 from __future__ import annotations
@@ -14,16 +17,17 @@ import hmac
 import re
 from dataclasses import dataclass
 
-_TOKEN_RE = re.compile(r"(?:o(0|[1-9][0-9]{0,5})|op)\.([0-9a-f]{64})")
+_TOKEN_RE = re.compile(r"(?:o(0|[1-9][0-9]{0,5})|op|c([1-9][0-9]{0,9})\.([1-9][0-9]{0,18}))\.([0-9a-f]{64})")
 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request acts for: one ordinal's worker, or the operator."""
+    """Who a request acts for: one ordinal's worker, one grant's children, or the operator."""
 
     ordinal: int | None = None  # the one ordinal a worker token acts for
     operator: bool = False
     anyone: bool = False  # a --local-only server with no secret: every ordinal, and the operator
+    grant: tuple[int, int] | None = None  # a child token's (row id, fence): that grant's children only
 
     def acts_for(self, ordinal: int) -> bool:
         return self.anyone or self.ordinal == ordinal
@@ -33,6 +37,8 @@ class Principal:
         return self.anyone or self.operator
 
     def __str__(self) -> str:
+        if self.grant is not None:
+            return f"the grant of row {self.grant[0]} under fence {self.grant[1]}"
         return "local caller" if self.anyone else "operator" if self.operator else f"ordinal {self.ordinal}"
 
 
@@ -44,12 +50,32 @@ def _mac(secret: str, subject: str) -> str:
     return hmac.new(secret.encode(), subject.encode(), hashlib.sha256).hexdigest()
 
 
+def _subject(who: Principal) -> tuple[str, str]:
+    """A principal's name in its token and the subject its MAC is over (one per principal)."""
+    if who.operator:
+        return "op", "operator"
+    if who.grant is not None:
+        row_id, fence = who.grant
+        return f"c{row_id}.{fence}", f"child:{row_id}:{fence}"
+    return f"o{who.ordinal}", f"ordinal:{who.ordinal}"
+
+
+def issue(secret: str, who: Principal) -> str:
+    name, subject = _subject(who)
+    return f"{name}.{_mac(secret, subject)}"
+
+
 def ordinal_token(secret: str, ordinal: int) -> str:
-    return f"o{ordinal}.{_mac(secret, f'ordinal:{ordinal}')}"
+    return issue(secret, Principal(ordinal=ordinal))
 
 
 def operator_token(secret: str) -> str:
-    return f"op.{_mac(secret, 'operator')}"
+    return issue(secret, OPERATOR)
+
+
+def child_token(secret: str, row_id: int, fence: int) -> str:
+    """What a grant's command and its children act with: that grant's /v1/children calls only."""
+    return issue(secret, Principal(grant=(row_id, fence)))
 
 
 def verify(secret: str, token: str) -> Principal | None:
@@ -57,7 +83,11 @@ def verify(secret: str, token: str) -> Principal | None:
     found = _TOKEN_RE.fullmatch(token)
     if found is None:
         return None
-    number, mac = found.groups()
-    principal = OPERATOR if number is None else Principal(ordinal=int(number))
-    subject = "operator" if number is None else f"ordinal:{number}"
-    return principal if hmac.compare_digest(mac, _mac(secret, subject)) else None
+    ordinal, row_id, fence, mac = found.groups()
+    if ordinal is not None:
+        who = Principal(ordinal=int(ordinal))
+    elif row_id is not None:
+        who = Principal(grant=(int(row_id), int(fence)))
+    else:
+        who = OPERATOR
+    return who if hmac.compare_digest(mac, _mac(secret, _subject(who)[1])) else None

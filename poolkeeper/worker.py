@@ -3,8 +3,13 @@
 Loop: poll ``offer`` until the ordinal has a grant; run the command (argv from
 ``shlex.split``, never a shell) with the grant's payload as JSON on stdin and
 ``POOL_BOARD``, ``POOL_TASK_ID``, ``POOL_RUN_ID``, ``POOL_ATTEMPT`` in its
-environment (the worker's token is not passed on); heartbeat every third of the
-lease while it runs; deliver the result:
+environment, and what registering and reporting child executions takes
+(``grant_env``: ``POOL_ROW_ID``, ``POOL_FENCE``, ``POOL_OWNER``, the server's
+``POOL_WORKER_URL`` and the grant's ``POOL_CHILD_TOKEN``, which acts only on
+this grant's children; ``poolctl child`` reads them). The command never sees
+the ordinal's token or the server secret: it is untrusted work, and must not
+offer, heartbeat, release or deliver for the ordinal. Heartbeat every third of
+the lease while it runs; deliver the result:
 
 - exit 0: ``{"status": "done", "exit_code": 0, "stdout_tail": ..., "stderr_tail": ...}``
 - exit N: ``{"status": "blocked", "reason": "exit code N: <last stderr line>", "exit_code": N, ...}``
@@ -28,18 +33,22 @@ import socket
 import subprocess
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
+from core import validate
 from core.errors import InvalidInput, NotFound, PoolError, ProtocolError, TransientError
-from poolkeeper.client import Grant, PoolClient
+from poolkeeper.client import Grant, GrantRef, PoolClient
 
 log = logging.getLogger("poolkeeper.worker")
 TAIL_BYTES = 4096
 KILL_GRACE_SECONDS = 5.0
-SCRUBBED_ENV = ("POOL_WORKER_TOKEN", "POOL_SERVER_SECRET", "POOL_SERVER_SECRET_FILE")
+URL_ENV, TOKEN_ENV = "POOL_WORKER_URL", "POOL_WORKER_TOKEN"  # what `poolctl worker` reads
+CHILD_TOKEN_ENV = "POOL_CHILD_TOKEN"  # the grant's child token: what `poolctl child` authenticates with
+# Never passed on to the command (the child token is set anew for each grant).
+SCRUBBED_ENV = (TOKEN_ENV, CHILD_TOKEN_ENV, "POOL_SERVER_SECRET", "POOL_SERVER_SECRET_FILE")
 
 
 def default_owner() -> str:
@@ -150,12 +159,7 @@ class CommandWorker:
     def _execute(self, grant: Grant) -> tuple[Outcome, bool]:
         """The command's outcome, and whether the grant is still ours."""
         env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
-        env.update(
-            POOL_BOARD=grant.board,
-            POOL_TASK_ID=grant.task_id,
-            POOL_RUN_ID=str(grant.run_id),
-            POOL_ATTEMPT=str(grant.attempt),
-        )
+        env.update(grant_env(grant, self.client.url))
         try:
             child = subprocess.Popen(
                 self.argv,
@@ -219,6 +223,50 @@ class CommandWorker:
             log.warning(
                 "%s/%s: release failed (the lease will end on its own): %s", grant.board, grant.task_id, err
             )
+
+
+def grant_env(grant: Grant, url: str) -> dict[str, str]:
+    """The command's view of its grant: enough to register children and for them to report."""
+    env = {
+        "POOL_BOARD": grant.board,
+        "POOL_TASK_ID": grant.task_id,
+        "POOL_RUN_ID": str(grant.run_id),
+        "POOL_ROW_ID": str(grant.row_id),
+        "POOL_ATTEMPT": str(grant.attempt),
+        "POOL_FENCE": str(grant.fence),
+        "POOL_OWNER": grant.owner,
+        URL_ENV: url,
+    }
+    return env if grant.child_token is None else {**env, CHILD_TOKEN_ENV: grant.child_token}
+
+
+def grant_from_env(env: Mapping[str, str]) -> GrantRef:
+    """The grant ``grant_env`` described; ``InvalidInput`` naming a variable that is missing or bad."""
+    return GrantRef(
+        row_id=_int_env(env, "POOL_ROW_ID", validate.INT32_MAX),
+        attempt=_int_env(env, "POOL_ATTEMPT", validate.INT32_MAX),
+        fence=fence_from_env(env),
+        owner=validate.name("POOL_OWNER", _env(env, "POOL_OWNER"), 128),
+    )
+
+
+def fence_from_env(env: Mapping[str, str]) -> int:
+    """The grant's fence: every child registered under it reports with it as its epoch."""
+    return _int_env(env, "POOL_FENCE", validate.INT64_MAX)
+
+
+def _env(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name, "")
+    if not value:
+        raise InvalidInput(name, "not set: run this inside a `poolctl worker` command, or set it")
+    return value
+
+
+def _int_env(env: Mapping[str, str], name: str, high: int) -> int:
+    value = _env(env, name)
+    if not (value.isascii() and value.isdigit() and len(value) <= 19):  # 19 digits hold an int64
+        raise InvalidInput(name, f"expected a positive integer, got {value[:40]!r}")
+    return validate.integer(name, int(value), 1, high)
 
 
 def _feed(pipe: IO[bytes], data: bytes) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
-from core import db
+from core import db, validate
 from core.errors import CorruptRow, InvalidInput, PoolError
 from core.retry import RetryPolicy
 from core.settings import Settings
@@ -70,7 +70,6 @@ class PoolStore:
     def require_schema(self, *, writable: bool = False) -> None:
         """``ConfigError`` unless ``migrate`` has set this store up (creates nothing)."""
         db.require_schema(self.engine, "store", "pool store", writable=writable)
-
 
     @contextmanager
     def session(self, *, readonly: bool = False) -> Iterator[Session]:
@@ -135,18 +134,24 @@ class PoolStore:
     # --- child executions (docs/design.md, "Lineage"); the HTTP /v1/children endpoints wrap these ---
 
     def register_child(self, grant: Mapping[str, Any], *, now: float | None = None) -> Child:
-        """The grant's holder registers a child: ``{row_id, attempt, fence, owner[, under]}``.
+        """The grant's holder registers a child: ``{row_id, attempt, fence, owner[, under][, key]}``.
 
         ``under`` (a live child's id) nests it one level deeper, up to
-        ``lineage_max_depth`` (``LineageTooDeep`` past it). The returned
-        ``Child.token()`` is what the child's process reports with.
+        ``lineage_max_depth`` (``LineageTooDeep`` past it). ``key`` (a name the
+        caller chooses) makes it idempotent: the same key under the same grant and
+        parent returns the same child; without one every call registers a new
+        child. The returned ``Child.token()`` is what the child's process reports with.
         """
-        g = lineage.Grant.parse(grant, extra=("under",))
-        under = grant.get("under")
+        g = lineage.Grant.parse(grant, extra=("under", "key"))
+        under, key = grant.get("under"), grant.get("key")
         if under is not None:
             lineage.row_of(under, "under")
+        if key is not None:
+            validate.name("key", key, 128)
         with self.session() as s:
-            return lineage.register(s, g, under=under, max_depth=self.lineage_max_depth, now=_now(now))
+            return lineage.register(
+                s, g, under=under, max_depth=self.lineage_max_depth, now=_now(now), key=key
+            )
 
     def child_heartbeat(self, report: Mapping[str, Any], *, now: float | None = None) -> Literal["applied"]:
         """A child is alive: ``{child_id, epoch[, receipt]}``; refused as stale once it or its grant ended."""

@@ -171,8 +171,16 @@ class Child:
 # --- the holder's side ----------------------------------------------------------------------------
 
 
-def register(s: Session, grant: Grant, *, under: str | None, max_depth: int, now: float) -> Child:
-    """Register a child under the holder's grant, or under one of its live children (depth + 1)."""
+def register(
+    s: Session, grant: Grant, *, under: str | None, max_depth: int, now: float, key: str | None = None
+) -> Child:
+    """Register a child under the holder's grant, or under one of its live children (depth + 1).
+
+    With a ``key`` the suffix is derived from (grant, parent, key) instead of
+    drawn at random, so registering again with the same key under the same
+    grant and parent returns the child already registered (whatever its status)
+    and writes nothing: a retry after a lost answer does not make a second child.
+    """
     validate.integer("max_depth", max_depth, 1, MAX_LINEAGE_DEPTH)
     row = _holder_row(s, grant, now)
     parent_id, depth = execution_id(row.id), 1
@@ -188,8 +196,12 @@ def register(s: Session, grant: Grant, *, under: str | None, max_depth: int, now
             f"under: a child of {parent_id} would be at depth {depth}, past the cap of {max_depth}"
             " (POOL_LINEAGE_MAX_DEPTH); nothing was registered"
         )
-    child_id = f"{parent_id}/child:{secrets.token_hex(SUFFIX_HEX // 2)}"
+    child_id = f"{parent_id}/child:{_suffix(grant, parent_id, key)}"
     child = Child(child_id, row.id, parent_id, grant.fence, depth)
+    if key is not None and (known := s.get(C, child_id)) is not None:  # the row lock serialises this
+        if known.epoch != grant.fence:  # 48 bits met a child of another grant: never hand it over
+            raise TransientError(f"child id {child.id} was taken; register again with another key")
+        return child
     values = {
         "id": child.id,
         "row_id": row.id,
@@ -205,6 +217,12 @@ def register(s: Session, grant: Grant, *, under: str | None, max_depth: int, now
     except exc.IntegrityError:  # 48 random bits met a sibling: nothing was written
         raise TransientError(f"child id {child.id} was taken; register again") from None
     return child
+
+
+def _suffix(grant: Grant, parent_id: str, key: str | None) -> str:
+    if key is None:
+        return secrets.token_hex(SUFFIX_HEX // 2)
+    return validate.sha256(f"{grant.row_id}:{grant.fence}:{parent_id}:{key}")[:SUFFIX_HEX]
 
 
 def vanished(s: Session, grant: Grant, child_id: str, *, now: float) -> int:
@@ -395,17 +413,7 @@ def reset(s: Session, row_id: int, *, now: float) -> int:
 
     The caller holds the row's lock. Returns how many were discarded.
     """
-    live = dict(
-        s.execute(
-            select(C.status, func.count()).where(C.row_id == row_id, C.status.in_(_LIVE)).group_by(C.status)
-        ).all()
-    )
-    if live:
-        described = ", ".join(f"{n} {status}" for status, n in sorted(live.items()))
-        raise LineageLive(
-            f"row {row_id} has live child executions ({described}); they retire when its grant ends,"
-            " reset it after that"
-        )
+    refuse_live(s, row_id)
     stmt = (
         update(C)
         .where(C.row_id == row_id, C.status == ChildStatus.UNKNOWN.value)
@@ -418,6 +426,26 @@ def reset(s: Session, row_id: int, *, now: float) -> int:
         .execution_options(synchronize_session=False)
     )
     return int(s.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def refuse_live(s: Session, row_id: int) -> None:
+    """``LineageLive`` naming the row and its live children while one is ``registered`` or ``running``."""
+    live = s.execute(
+        select(C.id, C.status).where(C.row_id == row_id, C.status.in_(_LIVE)).order_by(C.id).limit(4)
+    ).all()
+    if not live:
+        return
+    counts = dict(
+        s.execute(
+            select(C.status, func.count()).where(C.row_id == row_id, C.status.in_(_LIVE)).group_by(C.status)
+        ).all()
+    )
+    described = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    named = ", ".join(child_id for child_id, _ in live[:3]) + (", ..." if len(live) > 3 else "")
+    raise LineageLive(
+        f"row {row_id} has live child executions ({described}): {named}; they retire when its grant ends,"
+        " reset it after that"
+    )
 
 
 def descendants(s: Session, execution: str) -> list[ChildExecution]:

@@ -5,12 +5,17 @@ Test modules import these from here, never from each other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
 
+from core.settings import Settings
 from poolkeeper import simulate
+from poolkeeper.embedded import ServeProc
 from store import Offer, PoolStore
 from tasks import registry, scan
 from tasks.plane import Plane
@@ -25,6 +30,16 @@ def given_running(store: PoolStore, ordinal: int = 0, task_id: str = "t1", owner
     offer = store.offer(ordinal, owner=owner, now=NOW)
     assert offer is not None
     return offer
+
+
+@contextmanager
+def serving(settings: Settings, tmp: Path, *, secret: str, lease_seconds: float) -> Iterator[ServeProc]:
+    """A real ``poolctl serve`` over the test's store, with short leases, stopped afterwards."""
+    proc = ServeProc(replace(settings, lease_seconds=lease_seconds).env(), tmp, secret=secret)
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
 
 
 def envelope(offer: Offer, delivery_id: str = "d1", **over: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from core.errors import DeliveryConflict, InvalidInput, NotFound, StaleHolder
+from core.errors import DeliveryConflict, InvalidInput, LineageTooDeep, NotFound, StaleHolder
 from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.client import Grant, PoolClient
@@ -138,6 +138,221 @@ def test_a_restarted_worker_fences_out_its_old_self(served: Served) -> None:
         with pytest.raises(StaleHolder, match="fence"):
             client.heartbeat(old)
         assert client.heartbeat(new) == "applied"
+
+
+# --- child executions -----------------------------------------------------------------
+
+
+def child_rows(store: PoolStore) -> dict[str, dict[str, Any]]:
+    with store.session(readonly=True) as s:
+        found = s.execute(text("SELECT * FROM child_executions ORDER BY id")).mappings()
+        return {r["id"]: dict(r) for r in found}
+
+
+def test_a_holder_registers_children_that_beat_and_deliver_over_http(served: Served) -> None:
+    row, grant = taken(served)
+    with served.client(0) as client:
+        child = client.register_child(grant.ref(), key="step-1")
+        assert (child.row_id, child.parent_id, child.depth, child.epoch) == (
+            row,
+            f"run:{row}",
+            1,
+            grant.fence,
+        )
+        assert client.register_child(grant.ref(), key="step-1") == child  # a retry: the same child
+        nested = client.register_child(grant.ref(), under=child.child_id)
+        assert nested.parent_id == child.child_id and nested.depth == 2
+        assert client.child_heartbeat(nested, {"progress": 1}) == "applied"
+        assert client.child_heartbeat(child) == "applied"
+        assert client.child_result(child, {"answer": 1}) == "applied"
+        assert client.child_result(child, {"answer": 1}) == "duplicate"
+        with pytest.raises(DeliveryConflict):
+            client.child_result(child, {"answer": 2})
+        with pytest.raises(StaleHolder, match=r"^status: .* is terminal \(retired\)"):  # retired with it
+            client.child_heartbeat(nested)
+        lost = client.register_child(grant.ref())
+        assert client.child_vanished(grant.ref(), lost.child_id) == 1
+    got = child_rows(served.store)
+    assert {c["status"] for c in got.values()} == {"terminal", "unknown"} and len(got) == 3
+
+
+def test_another_ordinals_or_the_operators_token_cannot_act_for_a_child(served: Served) -> None:
+    row, grant = taken(served)
+    with served.client(0) as client:
+        child = client.register_child(grant.ref())
+    before = (row_state(served.store, row), child_rows(served.store))
+    for token in (tokens.ordinal_token(SECRET, 1), tokens.operator_token(SECRET)):
+        for path, body in (
+            ("/v1/children", grant.ref().body()),
+            ("/v1/children/heartbeat", {"child_id": child.child_id, "epoch": child.epoch}),
+            ("/v1/children/result", {"child_id": child.child_id, "epoch": child.epoch, "payload": {}}),
+            ("/v1/children/vanished", grant.ref().body(child_id=child.child_id)),
+        ):
+            answer = served.post(path, body, token)
+            assert answer.status_code == 403 and answer.json()["error"] == "Forbidden", (path, answer.text)
+    assert (row_state(served.store, row), child_rows(served.store)) == before
+
+
+def test_child_refusals_name_the_field_and_change_nothing(served: Served) -> None:
+    row, grant = taken(served)
+    token = tokens.ordinal_token(SECRET, 0)
+    with served.client(0) as client:
+        child = client.register_child(grant.ref())
+        with pytest.raises(StaleHolder, match=r"^fence: "):
+            client.register_child(replace(grant, fence=grant.fence + 1).ref())
+        with pytest.raises(StaleHolder, match=r"^epoch: "):
+            client.child_heartbeat(replace(child, epoch=child.epoch + 1))
+        with pytest.raises(NotFound, match=r"^child_id: no child execution"):
+            client.child_heartbeat(replace(child, child_id=f"run:{row}/child:{'0' * 12}"))
+        with pytest.raises(NotFound, match=r"no such row"):
+            client.child_heartbeat(replace(child, child_id=f"run:{row + 50}/child:{'0' * 12}"))
+        with pytest.raises(InvalidInput, match="credential"):
+            client.child_result(child, {"password": "x"})
+    before = child_rows(served.store)
+    for path, body, field in (
+        ("/v1/children/heartbeat", {"child_id": "run:1/child:../x", "epoch": 1}, "child_id"),
+        ("/v1/children/heartbeat", {"child_id": "run:9999999999/child:" + "0" * 12, "epoch": 1}, "child_id"),
+        ("/v1/children", grant.ref().body(key="a b"), "key"),
+        ("/v1/children", grant.ref().body(under="run:1"), "under"),
+        ("/v1/children/result", {"child_id": child.child_id, "epoch": child.epoch}, "payload"),
+    ):
+        answer = served.post(path, body, token)
+        assert answer.status_code == 422, (body, answer.text)
+        assert field in json.dumps(answer.json()["detail"]), (body, answer.text)
+    assert child_rows(served.store) == before
+
+
+def test_past_the_depth_cap_registering_is_a_409_naming_under(
+    sqlite_settings: Settings, sqlite_store: PoolStore, tmp_path: Path
+) -> None:
+    given_assigned(sqlite_store)
+    for served in start(replace(sqlite_settings, lineage_max_depth=2), tmp_path, sqlite_store, secret=SECRET):
+        with served.client(0) as client:
+            grant = client.offer(0, owner="w0")
+            assert grant is not None
+            top = client.register_child(grant.ref())
+            deepest = client.register_child(grant.ref(), under=top.child_id)
+            before = child_rows(sqlite_store)
+            answer = served.post(
+                "/v1/children", grant.ref().body(under=deepest.child_id), tokens.ordinal_token(SECRET, 0)
+            )
+            assert answer.status_code == 409 and answer.json()["error"] == "LineageTooDeep"
+            assert answer.json()["detail"].startswith("under: a child of ")
+            with pytest.raises(LineageTooDeep, match="past the cap of 2"):
+                client.register_child(grant.ref(), under=deepest.child_id)
+        assert child_rows(sqlite_store) == before
+
+
+# --- child tokens: one grant's children, nothing else ----------------------------------
+
+
+def refusal(answer: httpx.Response, status: int, error: str) -> str:
+    """The refusal's detail, checked to be ``status``/``error`` and one line."""
+    assert answer.status_code == status and answer.json()["error"] == error, answer.text
+    detail = answer.json()["detail"]
+    assert isinstance(detail, str) and detail and "\n" not in detail, detail
+    return detail
+
+
+def child_calls(grant: Grant, child_id: str, fence: int) -> list[tuple[str, dict[str, Any]]]:
+    """Each /v1/children call for ``child_id`` under ``grant``'s holder, naming ``fence``."""
+    held = replace(grant, fence=fence).ref()
+    return [
+        ("/v1/children", held.body()),
+        ("/v1/children/heartbeat", {"child_id": child_id, "epoch": fence}),
+        ("/v1/children/result", {"child_id": child_id, "epoch": fence, "payload": {}}),
+        ("/v1/children/vanished", held.body(child_id=child_id)),
+    ]
+
+
+def test_a_grant_carries_a_child_token_that_acts_for_its_children(served: Served) -> None:
+    row, grant = taken(served)
+    assert grant.child_token == tokens.child_token(SECRET, row, grant.fence)
+    assert grant.child_token not in repr(grant)  # never logged with the grant
+    with PoolClient(served.url, grant.child_token) as child_client:
+        child = child_client.register_child(grant.ref(), key="k")
+        nested = child_client.register_child(grant.ref(), under=child.child_id)
+        assert child_client.child_heartbeat(child, {"step": 1}) == "applied"
+        assert child_client.child_result(nested, {"out": 1}) == "applied"
+        assert child_client.child_vanished(grant.ref(), child.child_id) == 1
+    got = child_rows(served.store)
+    assert {c["id"]: c["status"] for c in got.values()} == {
+        child.child_id: "unknown",
+        nested.child_id: "terminal",
+    }
+
+
+def test_a_child_token_cannot_offer_beat_release_deliver_or_read_status(served: Served) -> None:
+    row, grant = taken(served)
+    token = grant.child_token
+    before = row_state(served.store, row)
+    for path, body in (
+        ("/v1/offer", {"ordinal": 0, "owner": "w0"}),
+        ("/v1/offer", {"ordinal": 0, "owner": "thief"}),
+        ("/v1/heartbeat", grant.envelope()),
+        ("/v1/release", grant.envelope()),
+        ("/v1/result", grant.envelope(payload={"status": "done"})),
+    ):
+        detail = refusal(served.post(path, body, token), 403, "Forbidden")
+        assert detail == (
+            f"a child token (of the grant of row {row} under fence {grant.fence}) acts only on"
+            " /v1/children for that grant, nothing else"
+        ), path
+    status = httpx.get(f"{served.url}/v1/status", headers={"Authorization": f"Bearer {token}"})
+    assert refusal(status, 403, "Forbidden").startswith("a child token (of the grant of row ")
+    assert row_state(served.store, row) == before  # nothing changed
+
+
+def test_a_child_token_of_another_row_or_fence_or_a_forged_one_is_refused(served: Served) -> None:
+    row, grant = taken(served)
+    other_row, other = taken(served, ordinal=1, task_id="t2")
+    with served.client(0) as client:
+        child = client.register_child(grant.ref())
+    before = (row_state(served.store, row), child_rows(served.store))
+    wrong = {
+        "another row": other.child_token,
+        "another fence": tokens.child_token(SECRET, row, grant.fence + 1),
+        "an older fence": tokens.child_token(SECRET, row, grant.fence - 1) if grant.fence > 1 else None,
+    }
+    for why, token in wrong.items():
+        if token is None:
+            continue
+        for path, body in child_calls(grant, child.child_id, grant.fence):
+            detail = refusal(served.post(path, body, token), 403, "Forbidden")
+            assert detail.startswith("a child token of the grant of row ") and detail.endswith(
+                f"cannot act for the grant of row {row} under fence {grant.fence}"
+            ), (why, path, detail)
+    forged = {
+        "unsigned": f"c{row}.{grant.fence}." + "0" * 64,
+        "another secret": tokens.child_token("another-secret-" + "x" * 32, row, grant.fence),
+        "retargeted": f"c{other_row}.{other.fence}." + str(grant.child_token).rsplit(".", 1)[1],
+        "leading zero": f"c0{row}.{grant.fence}." + str(grant.child_token).rsplit(".", 1)[1],
+        "truncated": str(grant.child_token)[:-1],
+        "upper case": str(grant.child_token).upper(),
+    }
+    for why, token in forged.items():
+        for path, body in child_calls(grant, child.child_id, grant.fence):
+            detail = refusal(served.post(path, body, token), 401, "Unauthenticated")
+            assert detail == "the bearer token is not one this server issued", (why, path)
+    assert (row_state(served.store, row), child_rows(served.store)) == before
+
+
+def test_a_child_token_stops_writing_once_its_grant_is_regranted(served: Served) -> None:
+    row, old = taken(served)
+    with PoolClient(served.url, old.child_token) as stale_client:
+        child = stale_client.register_child(old.ref())
+        assert stale_client.child_heartbeat(child) == "applied"
+        with served.client(0) as client:
+            new = client.offer(0, owner="w0-restarted")  # a restart: the same run under a new fence
+        assert new is not None and new.fence > old.fence and new.child_token != old.child_token
+        before = (row_state(served.store, row), child_rows(served.store))
+        for path, body in child_calls(old, child.child_id, old.fence):  # the old grant: stale
+            assert "stale" in refusal(served.post(path, body, old.child_token), 409, "StaleHolder"), path
+        for path, body in child_calls(new, child.child_id, new.fence):  # the new grant: not its token
+            refusal(served.post(path, body, old.child_token), 403, "Forbidden")
+        assert (row_state(served.store, row), child_rows(served.store)) == before
+    with PoolClient(served.url, new.child_token) as fresh:
+        assert fresh.register_child(new.ref()).epoch == new.fence
 
 
 # --- auth ---------------------------------------------------------------------------
@@ -358,6 +573,10 @@ def test_schema_is_openapi_31_and_the_docs_load_nothing_from_elsewhere(served_sq
         "/v1/heartbeat",
         "/v1/result",
         "/v1/release",
+        "/v1/children",
+        "/v1/children/heartbeat",
+        "/v1/children/result",
+        "/v1/children/vanished",
         "/healthz",
         "/readyz",
         "/metrics",

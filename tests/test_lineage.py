@@ -203,6 +203,40 @@ def test_bad_registrations_are_named(store: PoolStore) -> None:
     assert list(children(store)) == [theirs.id]
 
 
+def test_a_key_makes_registering_idempotent_and_no_key_registers_anew(store: PoolStore) -> None:
+    offer = given_running(store)
+    first = store.register_child(grant(offer, key="step-1"), now=NOW)
+    store.child_heartbeat({**first.token(), "receipt": {"seen": 1}}, now=NOW)
+    before = children(store)
+
+    again = store.register_child(grant(offer, key="step-1"), now=LATER)  # a retry after a lost answer
+
+    assert again == first and children(store) == before  # the same child, nothing written
+    other = store.register_child(grant(offer, key="step-2"), now=NOW)
+    nested = store.register_child(grant(offer, key="step-1", under=first.id), now=NOW)  # another parent
+    unkeyed = [register(store, offer), register(store, offer)]
+    assert len({first.id, other.id, nested.id, *(c.id for c in unkeyed)}) == 5
+    assert nested.parent_id == first.id and len(children(store)) == 5
+
+
+def test_a_key_names_a_child_of_one_grant_only(store: PoolStore) -> None:
+    old = given_running(store)
+    first = store.register_child(grant(old, key="k"), now=NOW)
+    new = store.offer(0, owner="w-2", now=LATER)  # a re-grant retires the old epoch's children
+    assert new is not None
+
+    again = store.register_child(grant(new, key="k"), now=LATER)
+
+    assert again.id != first.id and again.epoch == new.fence
+    got = children(store)
+    assert (got[first.id]["outcome"], got[again.id]["status"]) == ("retired", "registered")
+    with pytest.raises(StaleHolder, match=r"^fence: "):  # the old holder's retry is refused, not served
+        store.register_child(grant(old, key="k"), now=LATER)
+    with pytest.raises(InvalidInput, match=r"^key: may hold only"):
+        store.register_child(grant(new, key="a b"), now=LATER)
+    assert len(children(store)) == 2
+
+
 def test_past_the_depth_cap_the_store_fails_closed(store: PoolStore) -> None:
     capped = PoolStore(store.url, pool_size=store.pool_size, lineage_max_depth=3, engine=store.engine)
     offer = given_running(capped)

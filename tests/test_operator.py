@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import logging
+import re
+from typing import Any
 
 import pytest
 from sqlalchemy import text
 
 from board import FlakyBoard, KanbanBoard, TaskStatus
-from core.errors import InvalidInput, NotFound, StaleHolder, TransientError
+from core.errors import InvalidInput, LineageLive, NotFound, StaleHolder, TransientError
 from poolkeeper import operator
-from store import Offer, PoolStore, queries, transitions
+from store import Child, Offer, PoolStore, queries, transitions
 from store.models import RowState
 from tasks.maintain import maintain_once
 from tasks.metrics import StoreCollector
 from tasks.plane import Plane
-from tests.factories import NOW, OWNER, envelope, row_state
+from tests.factories import NOW, OWNER, envelope, grant, row_state
 
 
 def given_running(store: PoolStore, kanban: KanbanBoard, task_id: str = "t1", ordinal: int = 0) -> Offer:
@@ -183,6 +185,63 @@ def test_abandon_refuses_an_unknown_row_or_an_empty_reason(store: PoolStore, kan
     with pytest.raises(InvalidInput, match="reason: must be 1 to 500 characters"):
         operator.abandon(kanban, store, offer.row_id, " ", NOW)
     assert row_state(store, offer.row_id)["state"] == "running"
+
+
+def _snapshot(store: PoolStore, kanban: KanbanBoard) -> tuple[object, ...]:
+    with store.session(readonly=True) as s:
+        rows = s.execute(text("SELECT * FROM assignments ORDER BY id")).all()
+        kids = s.execute(text("SELECT * FROM child_executions ORDER BY id")).all()
+    return rows, kids, kanban.get_task("b", "t1")
+
+
+@pytest.mark.parametrize("status", ["registered", "running"])
+def test_abandon_is_refused_while_a_child_is_live_and_changes_nothing(
+    store: PoolStore, kanban: KanbanBoard, status: str
+) -> None:
+    offer = given_running(store, kanban)
+    child = store.register_child(grant(offer), now=NOW)
+    if status == "running":
+        store.child_heartbeat(child.token(), now=NOW)
+    before = _snapshot(store, kanban)
+    refused = rf"^row {offer.row_id} has live child executions \(1 {status}\): {re.escape(child.id)};"
+    with pytest.raises(LineageLive, match=refused):
+        operator.abandon(kanban, store, offer.row_id, "stuck", NOW + 1)
+    assert _snapshot(store, kanban) == before  # the board was not asked either
+    assert store.child_heartbeat(child.token(), now=NOW + 1) == "applied"
+
+
+def test_abandon_discards_unknown_children_never_replaying_them(
+    store: PoolStore, kanban: KanbanBoard
+) -> None:
+    offer = given_running(store, kanban)
+    lost = store.register_child(grant(offer), now=NOW)
+    assert store.child_vanished(grant(offer, child_id=lost.id), now=NOW) == 1
+
+    got = operator.abandon(kanban, store, offer.row_id, "worker gone", NOW + 1)
+
+    assert got.parked and got.settled is not None
+    with store.session(readonly=True) as s:
+        kids = s.execute(text("SELECT status, outcome FROM child_executions")).all()
+    assert [tuple(k) for k in kids] == [("terminal", "discarded")]
+    with pytest.raises(StaleHolder):
+        store.child_heartbeat(lost.token(), now=NOW + 1)
+
+
+def test_a_child_registered_during_abandon_stops_it_before_the_store_changes(
+    store: PoolStore, kanban: KanbanBoard
+) -> None:
+    offer = given_running(store, kanban)
+    registered: list[Child] = []
+
+    class Racing(FlakyBoard):  # the holder registers a child while the board parks the run
+        def block_task(self, *args: Any, **kwargs: Any) -> bool:
+            registered.append(store.register_child(grant(offer), now=NOW))
+            return kanban.block_task(*args, **kwargs)
+
+    with pytest.raises(LineageLive, match="the board task is parked, so reconcile settles the row"):
+        operator.abandon(Racing(kanban, busy_rate=0.0), store, offer.row_id, "stuck", NOW + 1)
+    assert row_state(store, offer.row_id)["state"] == "running"
+    assert store.child_heartbeat(registered[0].token(), now=NOW + 1) == "applied"
 
 
 def test_ordinals_gauge_tells_free_held_and_quarantined(store: PoolStore, kanban: KanbanBoard) -> None:

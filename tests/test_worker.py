@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.embedded import ServeProc, wait_for
 from store import PoolStore
-from tests.factories import row_state
+from tests.factories import row_state, serving
 
 SECRET = "worker-test-secret-" + "0123456789abcdef" * 3
 
@@ -32,11 +31,8 @@ SECRET = "worker-test-secret-" + "0123456789abcdef" * 3
 @pytest.fixture
 def server(settings: Settings, store: PoolStore, tmp_path: Path) -> Iterator[ServeProc]:
     """A server whose leases last 1.5 s: a run outlives its lease only if the worker heartbeats."""
-    proc = ServeProc(replace(settings, lease_seconds=1.5).env(), tmp_path, secret=SECRET)
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
+    with serving(settings, tmp_path, secret=SECRET, lease_seconds=1.5) as proc:
+        yield proc
 
 
 def given_run(store: PoolStore, payload: dict[str, Any], ordinal: int = 0) -> int:
@@ -57,7 +53,11 @@ def worker(
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*POOLCTL, "worker", "--ordinal", str(ordinal), "--command", command, "--url", server.url, *extra],
-        env={**os.environ, "POOL_WORKER_TOKEN": token or tokens.ordinal_token(SECRET, ordinal)},
+        env={
+            **os.environ,
+            "POOL_WORKER_TOKEN": token or tokens.ordinal_token(SECRET, ordinal),
+            "POOL_SERVER_SECRET": SECRET,  # as on a host that serves too: never handed to the command
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -75,25 +75,40 @@ import json, os, sys, time
 payload = json.load(sys.stdin)
 time.sleep(3)  # two leases' worth: only heartbeats keep the grant
 env = os.environ
-print("title:", payload["title"], "token:", env.get("POOL_WORKER_TOKEN"), "task:", env["POOL_TASK_ID"])
+print("title:", payload["title"], "task:", env["POOL_TASK_ID"])
+names = ("POOL_ROW_ID", "POOL_ATTEMPT", "POOL_FENCE", "POOL_OWNER", "POOL_WORKER_URL", "POOL_CHILD_TOKEN")
+print(json.dumps({name: env.get(name) for name in names}))
+with open(sys.argv[1], "w") as f:  # all of it, to look for what must not be there
+    json.dump(dict(env), f)
 print("working", file=sys.stderr)
 """
 
 
 def test_a_command_runs_with_the_payload_on_stdin_and_its_output_is_the_result(
-    server: ServeProc, store: PoolStore
+    server: ServeProc, store: PoolStore, tmp_path: Path
 ) -> None:
     row = given_run(store, {"title": "hello"})
-    log = finished(worker(server, python(ECHO), "--once"))
+    seen = tmp_path / "env.json"
+    log = finished(worker(server, f"{python(ECHO)} {shlex.quote(str(seen))}", "--once"))
     state = row_state(store, row)
     assert state["state"] == "result", log[-3000:]
     result = json.loads(state["result"])
-    assert result == {
-        "status": "done",
-        "exit_code": 0,
-        "stdout_tail": "title: hello token: None task: t1\n",  # the worker's token is not passed on
-        "stderr_tail": "working\n",
+    first, grant_env = result.pop("stdout_tail").splitlines()
+    assert result == {"status": "done", "exit_code": 0, "stderr_tail": "working\n"}
+    assert first == "title: hello task: t1"
+    assert json.loads(grant_env) == {  # what `poolctl child` needs to register and report children
+        "POOL_ROW_ID": str(row),
+        "POOL_ATTEMPT": "1",
+        "POOL_FENCE": str(state["fence"]),
+        "POOL_OWNER": state["owner"],
+        "POOL_WORKER_URL": server.url,
+        "POOL_CHILD_TOKEN": tokens.child_token(SECRET, row, state["fence"]),  # this grant's children only
     }
+    # The command is untrusted work: neither the ordinal's token nor the server's secret reaches it
+    env = json.loads(seen.read_text())
+    assert "POOL_WORKER_TOKEN" not in env and not any(k.startswith("POOL_SERVER_SECRET") for k in env)
+    everything = json.dumps(env)
+    assert tokens.ordinal_token(SECRET, 0) not in everything and SECRET not in everything
 
 
 def test_a_failing_command_parks_its_run_with_the_exit_code_and_last_error_line(

@@ -5,7 +5,9 @@ asks for it, so the port is up before the store is and ``/readyz`` says when
 the store is reachable and migrated. Worker endpoints are plain functions, so
 FastAPI runs them in its thread pool and the event loop keeps serving others
 while one waits on the store. Each is one ``PoolStore`` call, whose errors
-``errors.install`` maps to a status by class.
+``errors.install`` maps to a status by class. A child execution's calls use
+the token of its run's ordinal, or the grant's child token (``holder_of``); a
+child token is refused everywhere else (``not_a_child``).
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the endpoints' annotations, and
@@ -24,12 +26,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from core import db
-from core.errors import PoolError, SettingsError, TransientError
+from core import db, validate
+from core.errors import InvalidInput, PoolError, SettingsError, TransientError
 from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.server import console, errors, limits
 from poolkeeper.server.models import (
+    Child,
+    ChildHeartbeat,
+    ChildHeartbeatResponse,
+    ChildRegistration,
+    ChildResult,
     DeliveryResponse,
     Envelope,
     ErrorBody,
@@ -40,14 +47,17 @@ from poolkeeper.server.models import (
     ReleaseResponse,
     ResultEnvelope,
     Status,
+    VanishedChild,
+    VanishedResponse,
 )
 from poolkeeper.tokens import Principal
-from store import PoolStore, queries
+from store import PoolStore, lineage, queries, rows
 
 API_VERSION = "1"
 _bearer = HTTPBearer(
     auto_error=False,
-    description="`poolctl token --ordinal N` (acts for ordinal N only) or `poolctl token --operator`.",
+    description="`poolctl token --ordinal N` (acts for ordinal N only), `poolctl token --operator`, or a"
+    " grant's `child_token` (its /v1/children calls only).",
 )
 
 
@@ -83,12 +93,20 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
 
     caller = authenticated if secret else local  # the schema declares bearer auth only where it applies
 
+    def not_a_child(who: Principal) -> None:
+        if who.grant is not None:
+            raise errors.Forbidden(
+                f"a child token (of {who}) acts only on /v1/children for that grant, nothing else"
+            )
+
     def worker_of(ordinal: int, who: Principal) -> None:
+        not_a_child(who)
         if not who.acts_for(ordinal):
             raise errors.Forbidden(f"a token of {who} cannot act for ordinal {ordinal}")
 
     def operator(who: Annotated[Principal, Depends(caller)]) -> Principal:
         """The dependency for admin actions (the console will use it)."""
+        not_a_child(who)
         if not who.is_operator:
             raise errors.Forbidden(f"a token of {who} cannot take operator actions")
         return who
@@ -102,7 +120,10 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
         worker_of(body.ordinal, who)
         with writing:
             got = pool.offer(body.ordinal, owner=body.owner)
-        return OfferResponse(grant=None if got is None else Grant.of(got), lease_seconds=pool.lease_seconds)
+        if got is None:
+            return OfferResponse(grant=None, lease_seconds=pool.lease_seconds)
+        child = tokens.child_token(secret, got.row_id, got.fence) if secret else None
+        return OfferResponse(grant=Grant.of(got, child_token=child), lease_seconds=pool.lease_seconds)
 
     @v1.post("/heartbeat", response_model=DeliveryResponse, responses=WORKER_REFUSALS)
     def heartbeat(body: Envelope, who: Caller) -> DeliveryResponse:
@@ -125,6 +146,63 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
         with writing:
             return ReleaseResponse(outcome=pool.release(body.model_dump()))
 
+    def holder_of(row_id: int, fence: int, field: str, who: Principal) -> None:
+        """A child call acts for its run's ordinal, or for the one grant a child token names.
+
+        A worker token's ordinal must hold the row: a row's ordinal never changes,
+        so reading it before the store call is enough. A child token must name the
+        request's row and fence (or epoch); the store then refuses it as stale once
+        that grant has ended, as it does the ordinal's token.
+        """
+        if who.anyone:
+            return
+        if who.is_operator:
+            raise errors.Forbidden(f"a token of {who} cannot act for a worker's children")
+        if row_id > validate.INT32_MAX:
+            raise InvalidInput(field, f"names row {row_id}, past the largest row id")
+        if who.grant is not None:
+            if who.grant != (row_id, fence):
+                raise errors.Forbidden(
+                    f"a child token of {who} cannot act for the grant of row {row_id} under fence {fence}"
+                )
+            return
+        with pool.session(readonly=True) as s:
+            ordinal = rows.get_row(s, row_id).ordinal
+        worker_of(ordinal, who)
+
+    kids = APIRouter(prefix="/v1/children", tags=["child executions"], responses=WORKER_REFUSALS)
+
+    @kids.post("", response_model=Child)
+    def register_child(body: ChildRegistration, who: Caller) -> Child:
+        """Register a child under the holder's grant (or a live child of it); ``key``: idempotent."""
+        holder_of(body.row_id, body.fence, "row_id", who)
+        with writing:
+            got = pool.register_child(body.model_dump(exclude_none=True))
+        return Child(
+            child_id=got.id, epoch=got.epoch, row_id=got.row_id, parent_id=got.parent_id, depth=got.depth
+        )
+
+    @kids.post("/heartbeat", response_model=ChildHeartbeatResponse)
+    def child_heartbeat(body: ChildHeartbeat, who: Caller) -> ChildHeartbeatResponse:
+        """A child is alive (``registered`` → ``running``); stale once it or its parent's grant ended."""
+        holder_of(lineage.row_of(body.child_id), body.epoch, "child_id", who)
+        with writing:
+            return ChildHeartbeatResponse(outcome=pool.child_heartbeat(body.model_dump(exclude_none=True)))
+
+    @kids.post("/result", response_model=DeliveryResponse)
+    def child_result(body: ChildResult, who: Caller) -> DeliveryResponse:
+        """A child's result: it and its live descendants turn terminal; the same result is a duplicate."""
+        holder_of(lineage.row_of(body.child_id), body.epoch, "child_id", who)
+        with writing:
+            return DeliveryResponse(outcome=pool.child_result(body.model_dump()))
+
+    @kids.post("/vanished", response_model=VanishedResponse)
+    def child_vanished(body: VanishedChild, who: Caller) -> VanishedResponse:
+        """The holder lost a live child's worker: it and its live descendants turn ``unknown``."""
+        holder_of(body.row_id, body.fence, "row_id", who)
+        with writing:
+            return VanishedResponse(unknown=pool.child_vanished(body.model_dump()))
+
     @v1.get("/status", response_model=Status, responses=_refusals(403, 503), tags=["operator"])
     def status(_: Annotated[Principal, Depends(operator)]) -> Status:
         """Rows by state, free ordinals, quarantined rows (operator token)."""
@@ -145,6 +223,7 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
         openapi_url="/openapi.json",
     )
     app.include_router(v1)
+    app.include_router(kids)
     console.install(app, settings, pool)
     _add_probes(app, pool)
     _add_docs(app)

@@ -68,6 +68,75 @@ class ResultEnvelope(Envelope):
     )
 
 
+# --- child executions (docs/design.md, "Lineage") ---------------------------------------------
+
+CHILD_ID_PATTERN = r"^run:[1-9][0-9]{0,9}(/child:[0-9a-f]{12})+$"  # store.lineage.CHILD_ID_RE
+CHILD_ID_CHARS = 1280  # store.models.CHILD_ID_LENGTH
+
+
+ChildId = Annotated[str, Field(max_length=CHILD_ID_CHARS, pattern=CHILD_ID_PATTERN)]
+Key = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
+Epoch = Annotated[int, Field(ge=1, le=INT64, description="The epoch register returned (the grant's fence).")]
+
+
+class Holder(Strict):
+    """The grant's holder, as ``offer`` named it: only its current grant registers children."""
+
+    row_id: int = Field(ge=1, le=INT32)
+    attempt: int = Field(ge=1, le=INT32)
+    fence: int = Field(ge=1, le=INT64)
+    owner: str = _name(128, "The worker instance the grant was offered to.")
+
+
+class ChildRegistration(Holder):
+    under: ChildId | None = Field(
+        default=None, description="A live child of this grant to nest under (depth + 1); none: the run."
+    )
+    key: Key | None = Field(
+        default=None,
+        description="Makes registering idempotent: the same key under the same grant and parent"
+        " returns the same child. Without one, every call registers a new child.",
+    )
+
+
+class VanishedChild(Holder):
+    child_id: ChildId = Field(
+        description="The live child whose worker vanished: it and its live descendants turn unknown."
+    )
+
+
+class ChildHeartbeat(Strict):
+    child_id: ChildId = Field(description="The id register returned.")
+    epoch: Epoch
+    receipt: dict[str, Any] | None = Field(
+        default=None, description="Optional JSON object replacing the child's last receipt (at most 64 KiB)."
+    )
+
+
+class ChildResult(Strict):
+    child_id: ChildId = Field(description="The id register returned.")
+    epoch: Epoch
+    payload: dict[str, Any] = Field(description="The child's result: a JSON object of at most 64 KiB.")
+
+
+class Child(BaseModel):
+    """A registered child: ``child_id`` and ``epoch`` are what its process reports with."""
+
+    child_id: str
+    epoch: int
+    row_id: int
+    parent_id: str
+    depth: int
+
+
+class ChildHeartbeatResponse(BaseModel):
+    outcome: Literal["applied"]
+
+
+class VanishedResponse(BaseModel):
+    unknown: int = Field(description="How many children (it and its live descendants) turned unknown.")
+
+
 class Grant(BaseModel):
     """What ``offer`` hands the worker that holds an ordinal (docs/design.md, "Execution authority")."""
 
@@ -83,10 +152,14 @@ class Grant(BaseModel):
     payload: dict[str, Any]
     payload_digest: str
     protocol_version: int
+    child_token: str | None = Field(
+        description="A bearer token for this grant's /v1/children calls only (its row and fence), for the"
+        " command and its children instead of the ordinal's token; null on a --local-only server."
+    )
 
     @classmethod
-    def of(cls, offer: Offer) -> Grant:
-        return cls(**{f.name: getattr(offer, f.name) for f in fields(offer)})
+    def of(cls, offer: Offer, *, child_token: str | None) -> Grant:
+        return cls(**{f.name: getattr(offer, f.name) for f in fields(offer)}, child_token=child_token)
 
 
 class OfferResponse(BaseModel):
