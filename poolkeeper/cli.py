@@ -27,7 +27,7 @@ from core.db import mask_url
 from core.errors import InvalidInput, NotFound, SettingsError, exit_code
 from core.settings import Settings
 from poolkeeper import operator
-from store import PoolStore, lineage, queries, transitions
+from store import PoolStore, audit, lineage, queries, transitions
 from store import rows as rows_
 from store.models import RowState
 
@@ -233,7 +233,7 @@ def requeue(
 ) -> None:
     """Clear a row's backoff and quarantine so the next scan retries it now."""
     with _store("write").session() as s:
-        got = transitions.requeue(s, row, now=time.time())
+        got = transitions.requeue(s, row, now=time.time(), actor=audit.OPERATOR)
     out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}, {got.state}) requeued")
 
 
