@@ -202,15 +202,27 @@ def test_each_recorded_failure_is_an_event_and_the_threshold_a_quarantine(
 
 
 def test_retiring_children_is_one_event_per_run_that_had_any(store: PoolStore) -> None:
-    parent, alone = given_running(store, 0, "t1"), given_running(store, 1, "t2")
+    parent, alone, single = (given_running(store, i, f"t{i}") for i in range(3))
     for _ in range(2):
         store.register_child(grant(parent), now=NOW)
-    expired(store, [parent.row_id, alone.row_id], parent.lease_until + 1)
+    store.register_child(grant(single), now=NOW)
+    expired(store, [parent.row_id, alone.row_id], parent.lease_until + 1)  # a batch: RETURNING row_id
+    with store.session() as s:  # one run: its row count
+        by = audit.by_pass("reconcile")
+        transitions.settle(
+            s, single.row_id, RowState.STALE, expect_state="running", expect_attempt=1, now=NOW, actor=by
+        )
     assert [e["kind"] for e in trail(store, alone.row_id)] == ["claim", "expiry"]
     *_, expiry, retired = trail(store, parent.row_id)
     assert expiry["kind"] == "expiry"
     assert brief([retired]) == [("children_retired", "assigned", "assigned", 2, parent.fence, EXPIRE)]
     assert retired["detail"] == "2 child execution(s) retired"
+    *_, settled, retired = trail(store, single.row_id)
+    assert brief([settled, retired]) == [
+        ("settle", "running", "stale", 1, single.fence, by),
+        ("children_retired", "stale", "stale", 1, single.fence, by),
+    ]
+    assert retired["detail"] == "1 child execution(s) retired"
 
 
 # --- the plane and the operator name themselves ------------------------------------
