@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from board import KanbanBoard, TaskStatus
@@ -28,7 +29,7 @@ from core.db import mask_url
 from core.errors import InvalidInput, NotFound, SettingsError, exit_code
 from core.settings import Settings
 from poolkeeper import operator
-from store import PoolStore, lineage, queries, transitions
+from store import PoolStore, audit, lineage, queries, transitions
 from store import rows as rows_
 from store.models import RowState
 
@@ -89,7 +90,7 @@ def _kanban(access: Access = "read") -> KanbanBoard:
     return kanban
 
 
-def _emit(data: Any, table: Table | Tree | str, as_json: bool) -> None:
+def _emit(data: Any, table: Table | Tree | Text | str, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
     else:
@@ -190,10 +191,18 @@ def rows(
     row: Annotated[int | None, typer.Argument(help="One row: show it with its child executions.")] = None,
     state: Annotated[str | None, typer.Option(help="Only rows in this state.")] = None,
     quarantined: Annotated[bool, typer.Option("--quarantined", help="Only quarantined rows.")] = False,
+    history: Annotated[
+        bool, typer.Option("--history", help="With ROW: its audit trail, oldest first (the newest --limit).")
+    ] = False,
     limit: Annotated[int, typer.Option(min=1, max=validate.INT32_MAX)] = 1000,
     as_json: JsonOpt = False,
 ) -> None:
-    """List pool rows, or show one row with its child executions as a tree."""
+    """List pool rows, or show one row with its child executions as a tree, or its history."""
+    if history:
+        if row is None:
+            raise InvalidInput("--history", "needs a ROW: `poolctl rows ROW --history`")
+        _row_history(row, limit, as_json)
+        return
     if row is not None:
         _row_with_children(row, as_json)
         return
@@ -238,13 +247,38 @@ def _row_with_children(row_id: int, as_json: bool) -> None:
     _emit(data, root, as_json)
 
 
+def _row_history(row_id: int, limit: int, as_json: bool) -> None:
+    with _store().session(readonly=True) as s:
+        data = {**_row_dict(rows_.get_row(s, row_id)), "history": audit.history(s, row_id, limit=limit)}
+    title = f"row {row_id} {data['board']}/{data['task_id']} run {data['run_id']}: {data['state']}"
+    if not data["history"]:
+        _emit(data, Text(f"{title}\nno recorded events (none yet, or all older than the retention)"), as_json)
+        return
+    table = Table("time (UTC)", "kind", "from → to", "att", "fence", "actor", "detail", title=Text(title))
+    for e in data["history"]:
+        table.add_row(
+            _utc(e["at"]),
+            e["kind"],
+            f"{e['from'] or '-'} → {e['to'] or '-'}",
+            str(e["attempt"] or "-"),
+            str(e["fence"] or "-"),
+            Text(e["actor"]),
+            Text(e["detail"] or ""),  # text, never markup: an error may hold brackets
+        )
+    _emit(data, table, as_json)
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+
+
 @app.command()
 def requeue(
     row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ROW_ID, help="Row id (see `poolctl rows`).")],
 ) -> None:
     """Clear a row's backoff and quarantine so the next scan retries it now."""
     with _store("write").session() as s:
-        got = transitions.requeue(s, row, now=time.time())
+        got = transitions.requeue(s, row, now=time.time(), actor=audit.OPERATOR)
     out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}, {got.state}) requeued")
 
 

@@ -4,6 +4,8 @@ The board decides first (it is the source of truth); then the run's row is
 settled with a guarded update, so its holder is fenced out at once: its
 heartbeats and results are refused as stale. If the process dies between the
 two, reconcile (or the results pass) settles the row later; nothing is lost.
+Each settle is one audit event of its own kind (``cancel``, ``abandon``) by
+the operator, with the reason, never a ``settle`` beside it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from dataclasses import dataclass
 
 from board import Board, BoardTask, KanbanBoard
 from core.errors import InvalidInput, LineageLive, TransientError
-from store import PoolStore, lineage, rows, transitions
-from store.models import LIVE_STATES, TERMINAL_STATES, RowState
+from store import PoolStore, audit, lineage, rows, transitions
+from store.models import LIVE_STATES, TERMINAL_STATES, EventKind, RowState
 
 log = logging.getLogger("poolkeeper.operator")
 NOT_TERMINAL = tuple(s for s in RowState if s not in TERMINAL_STATES)
@@ -60,6 +62,9 @@ def cancel(kanban: KanbanBoard, store: PoolStore, board: str, task_id: str, now:
                 to=RowState.STALE,
                 states=LIVE_STATES,
                 now=now,
+                actor=audit.OPERATOR,
+                evidence="task cancelled on the board by the operator",
+                kind=EventKind.CANCEL,
             )
     except TransientError as err:
         return Cancelled(task, None, left_to_reconcile=str(err))
@@ -101,6 +106,9 @@ def abandon(board: Board, store: PoolStore, row_id: int, reason: str, now: float
             to=RowState.STALE,
             states=NOT_TERMINAL,
             now=now,
+            actor=audit.OPERATOR,
+            evidence=why if parked else f"{why} (the board had already moved the run on)",
+            kind=EventKind.ABANDON,
         )
     log.warning(
         "abandon: row %d %s/%s run %d (%s): %s%s",

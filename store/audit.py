@@ -1,9 +1,18 @@
 """The audit trail: every transition of a row appends one event in its own transaction.
 
-Writers call ``append`` with the session or connection of the transition, so
-an event exists exactly when its transition committed (docs/design.md,
-"Audit trail"). ``history`` reads a row's events oldest first; ``collect``
-deletes one batch of events older than the retention cutoff.
+Writers call these with the session or connection of the transition, so an
+event exists exactly when its transition committed (docs/design.md, "Audit
+trail"). An event's ``to``, ``attempt`` and ``fence`` are the row's after the
+transition, so a row's trail replays to its current state.
+
+- ``append``: events whose values the writer already holds (one executemany);
+- ``observed``: events that take ``to``, attempt and fence from the row as the
+  transition just left it (one prebuilt INSERT … SELECT per row, no read first);
+- ``expired``: the storm's hot path, one multi-row INSERT … SELECT on the
+  driver's cursor for a whole expired batch.
+
+``history`` reads a row's events oldest first; ``collect`` deletes one batch of
+events older than the retention cutoff.
 """
 
 from __future__ import annotations
@@ -11,14 +20,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Connection, Table, delete, insert, select
+from sqlalchemy import Connection, Table, bindparam, delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from store.models import AuditEvent, EventKind
+from store.models import Assignment, AuditEvent, EventKind
+from store.rows import PLACEHOLDER, raw
 
 E = AuditEvent
 MAX_DETAIL_CHARS = 500
+MAX_ACTOR_CHARS = 64
 OPERATOR = "operator"
+# The default of every writer's ``actor``: code that predates the trail (store.worker, the
+# benches, branches in flight) keeps working and says so, rather than being given a guess.
+# The plane and the operator paths always name themselves (tests/test_audit.py holds them to it).
+UNATTRIBUTED = "unattributed"
 
 
 def by_pass(name: str) -> str:
@@ -46,6 +61,10 @@ _TABLE = cast(Table, E.__table__)
 _INSERT = insert(_TABLE)  # built once: every transition runs it
 
 
+def _conn(conn: Session | Connection) -> Connection:
+    return conn.connection() if isinstance(conn, Session) else conn
+
+
 def append(conn: Session | Connection, events: Sequence[Event], *, now: float) -> None:
     """Append the events in the caller's transaction (one executemany)."""
     if not events:
@@ -59,12 +78,75 @@ def append(conn: Session | Connection, events: Sequence[Event], *, now: float) -
             "to_state": e.to_state,
             "attempt": e.attempt,
             "fence": e.fence,
-            "actor": e.actor[:64],
-            "detail": None if e.detail is None else e.detail[:MAX_DETAIL_CHARS],
+            "actor": e.actor[:MAX_ACTOR_CHARS],
+            "detail": _bounded(e.detail),
         }
         for e in events
     ]
-    (conn.connection() if isinstance(conn, Session) else conn).execute(_INSERT, rows)
+    _conn(conn).execute(_INSERT, rows)
+
+
+def _bounded(detail: str | None) -> str | None:
+    return None if detail is None else detail[:MAX_DETAIL_CHARS]
+
+
+_A = cast(Table, Assignment.__table__).c
+# ``from`` defaults to the row's state: an event that is not a state change (children
+# retired, a failure noted) chains from → to all the same.
+_OBSERVED = insert(_TABLE).from_select(
+    ["row_id", "at", "kind", "from_state", "to_state", "attempt", "fence", "actor", "detail"],
+    select(
+        _A.id,
+        bindparam("now", type_=E.at.type),
+        bindparam("kind", type_=E.kind.type),
+        func.coalesce(bindparam("from_state", type_=_A.state.type), _A.state),
+        _A.state,
+        _A.attempt,
+        _A.fence,
+        bindparam("actor", type_=E.actor.type),
+        bindparam("detail", type_=E.detail.type),
+    ).where(_A.id == bindparam("row_id")),
+)
+
+
+def observed(
+    conn: Session | Connection,
+    kind: EventKind,
+    rows: Sequence[tuple[int, str | None, str | None]],
+    *,
+    actor: str,
+    now: float,
+) -> None:
+    """One ``kind`` event per ``(row_id, from_state, detail)``, the rest read from the row as it is now.
+
+    ``from_state`` None means the row's state (no state change). One prebuilt
+    INSERT … SELECT, executed once per row (an executemany for several).
+    """
+    if not rows:
+        return
+    common = {"now": now, "kind": kind.value, "actor": actor[:MAX_ACTOR_CHARS]}
+    params = [{**common, "row_id": r, "from_state": f, "detail": _bounded(d)} for r, f, d in rows]
+    _conn(conn).execute(_OBSERVED, params)
+
+
+# The storm's hot path (store.transitions.expire_many): one statement for the whole batch,
+# on the driver's cursor like the expire UPDATE it follows, with the ids as its only per-row
+# parameters. The rows are read back as the UPDATE left them (state, attempt, fence).
+_EXPIRED_SQL = (
+    "INSERT INTO audit_events (row_id, at, kind, from_state, to_state, attempt, fence, actor)"
+    f" SELECT id, {{p}}, '{EventKind.EXPIRY}', 'running', state, attempt, fence, {{p}}"
+    " FROM assignments WHERE id IN ({ids})"
+)
+
+
+def expired(conn: Session | Connection, row_ids: Sequence[int], *, actor: str, now: float) -> None:
+    """One ``expiry`` event per row that ``expire_many`` just moved off ``running``: one statement."""
+    if not row_ids:
+        return
+    c = _conn(conn)
+    p = PLACEHOLDER[c.dialect.paramstyle]
+    sql = _EXPIRED_SQL.format(p=p, ids=",".join([p] * len(row_ids)))
+    raw(c, sql, (now, actor[:MAX_ACTOR_CHARS], *row_ids))
 
 
 def history(s: Session, row_id: int, *, limit: int | None = None) -> list[dict[str, Any]]:
@@ -91,8 +173,11 @@ def history(s: Session, row_id: int, *, limit: int | None = None) -> list[dict[s
 
 
 def collect(s: Session, *, cutoff: float, batch: int) -> int:
-    """Delete one batch of events older than ``cutoff``; returns how many."""
-    old = select(E.id).where(E.at < cutoff).order_by(E.id).limit(batch)
+    """Delete one batch of events older than ``cutoff``; returns how many.
+
+    The oldest first, along ``ix_audit_events_at``: a row's events go by age, whatever its state.
+    """
+    old = select(E.id).where(E.at < cutoff).order_by(E.at).limit(batch)
     ids = list(s.scalars(old))
     if not ids:
         return 0

@@ -3,7 +3,8 @@
 A failed maintenance step is noted on its own row (never on a neighbour), so
 backoff survives restarts, scanners skip the row until it is due, and an
 operator sees the error. Any transition of the row clears the record
-(``store.rows.CLEAR_BOOKKEEPING``).
+(``store.rows.CLEAR_BOOKKEEPING``). Each recorded failure is an audit event:
+``failure``, or ``quarantine`` for the one that reaches the threshold.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from sqlalchemy.orm import Session
 
 from core.errors import LostRace, NotFound
 from core.retry import RetryPolicy
-from store.models import Assignment
+from store import audit
+from store.models import Assignment, EventKind
 
 A = Assignment
 MAX_ERROR_CHARS = 500
@@ -40,31 +42,37 @@ def record_failures(
     now: float,
     counts: bool = True,
     rng: random.Random | None = None,
+    actor: str = audit.UNATTRIBUTED,
 ) -> dict[int, Failure]:
     """Note a failed maintenance step on each row: backoff with jitter, quarantine at the threshold.
 
     ``counts=False`` is for transient trouble (busy board, lost connection): it
     delays the row without bringing it nearer quarantine. One read of all the
     rows, then one guarded UPDATE per row (a prebuilt statement, executed as a
-    batch). A row that no longer exists is ``NotFound``; one that changed under
-    us (its state or failure count moved) is a ``LostRace``.
+    batch), and their events (one more batch). A row that no longer exists is
+    ``NotFound``; one that changed under us (its state or failure count moved)
+    is a ``LostRace``.
     """
     if not errors:
         return {}
     conn = s.connection() if isinstance(s, Session) else s
     t = _TABLE.c
-    read = select(t.id, t.state, t.failures, t.last_error).where(t.id.in_(list(errors)))
+    read = select(t.id, t.state, t.attempt, t.fence, t.failures, t.last_error, t.quarantined).where(
+        t.id.in_(list(errors))
+    )
     found = {r.id: r for r in conn.execute(read)}
     missing = sorted(set(errors) - set(found))
     if missing:
         raise NotFound(f"row {missing[0]}: no such row")
-    params, got = [], {}
+    params, got, events = [], {}, []
     for row_id, error in errors.items():
         row = found[row_id]
         error = error[:MAX_ERROR_CHARS]
         failures = row.failures + 1 if counts else row.failures
         delay, quarantined = policy.delay(failures, rng)
         got[row_id] = Failure(failures, quarantined, now + delay, new_detail=row.last_error != error)
+        kind = EventKind.QUARANTINE if quarantined and not row.quarantined else EventKind.FAILURE
+        events.append(audit.Event(row_id, kind, actor, row.state, row.state, row.attempt, row.fence, error))
         params.append(
             {
                 "row_id": row_id,
@@ -78,6 +86,7 @@ def record_failures(
         )
     if conn.execute(_RECORD, params).rowcount != len(params):
         raise LostRace(f"record failure: one of rows {sorted(errors)} changed under us")
+    audit.append(conn, events, now=now)
     return got
 
 
@@ -90,9 +99,11 @@ def record_failure(
     now: float,
     counts: bool = True,
     rng: random.Random | None = None,
+    actor: str = audit.UNATTRIBUTED,
 ) -> Failure:
     """``record_failures`` of one row."""
-    return record_failures(s, {row_id: error}, policy=policy, now=now, counts=counts, rng=rng)[row_id]
+    got = record_failures(s, {row_id: error}, policy=policy, now=now, counts=counts, rng=rng, actor=actor)
+    return got[row_id]
 
 
 _TABLE = cast(Table, A.__table__)

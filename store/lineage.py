@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn, cast
@@ -56,6 +57,7 @@ from core.errors import (
     StaleHolder,
     TransientError,
 )
+from store import audit
 from store.models import (
     LIVE_CHILD_STATUSES,
     MAX_LINEAGE_DEPTH,
@@ -63,6 +65,7 @@ from store.models import (
     ChildExecution,
     ChildOutcome,
     ChildStatus,
+    EventKind,
     RowState,
 )
 
@@ -375,17 +378,30 @@ def _stale(field: str, why: str) -> NoReturn:
 # --- retirement, reset, reading -------------------------------------------------------------------
 
 
-def retire_children(conn: Session | Connection, row_ids: Iterable[int], now: float) -> int:
+def retire_children(
+    conn: Session | Connection, row_ids: Iterable[int], now: float, *, actor: str = audit.UNATTRIBUTED
+) -> int:
     """Turn every live child of these runs ``terminal`` (``retired``), receipts compacted.
 
     Called by every transition that ends a grant, in its transaction; one
-    probe of ``ix_child_executions_row_id`` per run when it has no children.
+    probe of ``ix_child_executions_row_id`` per run when it has no children,
+    and no event. Each run that retired any appends one ``children_retired``
+    event (the count in its detail) for ``actor``, the grant's ender.
     Returns how many children retired.
     """
     ids = list(row_ids)
     if not ids:
         return 0
-    return int(conn.execute(RETIRE_RUNS, {"row_ids": ids, "now": now}).rowcount)  # type: ignore[attr-defined]
+    params = {"row_ids": ids, "now": now}
+    if len(ids) == 1:  # one run's grant: the count is its own, and a row count costs less than rows
+        n = int(conn.execute(RETIRE_RUNS, params).rowcount)  # type: ignore[attr-defined]
+        retired = Counter({ids[0]: n} if n else {})
+    else:
+        retired = Counter(row_id for (row_id,) in conn.execute(RETIRE_RUNS_RETURNING, params))
+    if retired:
+        counts = [(row_id, None, f"{n} child execution(s) retired") for row_id, n in sorted(retired.items())]
+        audit.observed(conn, EventKind.CHILDREN_RETIRED, counts, actor=actor, now=now)
+    return sum(retired.values())
 
 
 def _retire_statement(which: Any) -> Update:
@@ -405,6 +421,7 @@ def _retire_statement(which: Any) -> Update:
 # Built once, like expire's statement: every grant's end runs one, and building it per
 # call cost more than the index probe itself (bench/lineage_bench.py).
 RETIRE_RUNS = _retire_statement(C.row_id.in_(bindparam("row_ids", expanding=True)))
+RETIRE_RUNS_RETURNING = RETIRE_RUNS.returning(C.row_id)  # a batch's: which runs retired children
 RETIRE_RANGE = _retire_statement(and_(C.id >= bindparam("low"), C.id < bindparam("high")))
 
 

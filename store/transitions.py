@@ -9,6 +9,10 @@ Each is one guarded UPDATE that raises ``LostRace`` when it matches nothing;
 nothing is ever written blind after a read (docs/design.md, "Transitions").
 A transition that ends a grant retires the run's live children in the same
 transaction (``store.lineage.retire_children``; docs/design.md, "Lineage").
+
+Each transition that happens appends one audit event in its transaction
+(``store.audit``; docs/design.md, "Audit trail"), naming its ``actor``
+(``audit.by_pass``, ``audit.OPERATOR``); one that raises appends none.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from sqlalchemy.orm import Session
 
 from core import validate
 from core.errors import DuplicateIdentity, InvalidInput, LostRace, OrdinalTaken
-from store import lineage
-from store.models import TERMINAL_STATES, Assignment, ChildExecution, Delivery, RowState
-from store.rows import CLEAR_BOOKKEEPING, get_row, guarded
+from store import audit, lineage
+from store.models import TERMINAL_STATES, Assignment, ChildExecution, Delivery, EventKind, RowState
+from store.rows import CLEAR_BOOKKEEPING, PLACEHOLDER, get_row, guarded, raw
 
 A = Assignment
 TERMINAL_VALUES = frozenset(t.value for t in TERMINAL_STATES)
@@ -39,6 +43,7 @@ def add_run(
     payload: dict[str, Any],
     pool_size: int,
     now: float,
+    actor: str = audit.UNATTRIBUTED,
 ) -> Literal["added", "duplicate"]:
     """Record a claimed board run on a free ordinal, attempt 1, state ``assigned``.
 
@@ -85,6 +90,8 @@ def add_run(
         if "ordinal" in str(err.orig):
             raise OrdinalTaken(f"ordinal {ordinal} already holds a live row") from None
         raise DuplicateIdentity(f"{board}/{task_id} run {run_id} was added concurrently") from None
+    claimed = f"{board}/{task_id} run {run_id} on ordinal {ordinal}"
+    audit.append(s, [audit.Event(row.id, EventKind.CLAIM, actor, None, row.state, 1, None, claimed)], now=now)
     return "added"
 
 
@@ -105,12 +112,16 @@ _EXPIRE_SQL = (
     f" WHERE id IN ({{ids}}) AND state = '{RowState.RUNNING}' AND lease_until > 0 AND lease_until < {{p}}"
     " RETURNING id, state, lease_until"
 )
-_PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 _STATE = {state.value: state for state in RowState}  # a dict lookup per row, not an enum call
 
 
 def expire_many(
-    s: Session | Connection, row_ids: Sequence[int], *, max_attempts: int, now: float
+    s: Session | Connection,
+    row_ids: Sequence[int],
+    *,
+    max_attempts: int,
+    now: float,
+    actor: str = audit.UNATTRIBUTED,
 ) -> dict[int, Expiry]:
     """Fence out the ``running`` rows among ``row_ids`` whose lease ended: one guarded UPDATE.
 
@@ -120,39 +131,48 @@ def expire_many(
     finds nothing: a row missing from the answer lost its race. The statement
     is atomic: if any row makes it fail, no row of the set changed (the runner
     then splits the set to find the row). The old lease stays on the row (an
-    ``assigned`` row ignores it) for the metrics.
+    ``assigned`` row ignores it) for the metrics. The expired rows' events are
+    one more statement (``audit.expired``), never one per row.
     """
     if not row_ids:
         return {}
     conn = s.connection() if isinstance(s, Session) else s
-    p = _PLACEHOLDER[conn.dialect.paramstyle]
+    p = PLACEHOLDER[conn.dialect.paramstyle]
     sql = _EXPIRE_SQL.format(p=p, ids=",".join([p] * len(row_ids)))
-    params = (max_attempts, max_attempts, now, *row_ids, now)
-    dbapi = conn.dialect.loaded_dbapi
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    try:
-        cursor.execute(sql, params)
-        got = cursor.fetchall()
-    except dbapi.Error as err:  # the SQL layer's own error classes, so failures classify as usual
-        raise exc.DBAPIError.instance(sql, params, err, dbapi.Error) from None
-    finally:
-        cursor.close()
-    lineage.retire_children(conn, [row_id for row_id, _, _ in got], now)  # same transaction
+    got = raw(conn, sql, (max_attempts, max_attempts, now, *row_ids, now))
+    expired = [row_id for row_id, _, _ in got]
+    audit.expired(conn, expired, actor=actor, now=now)  # same transaction, as is what follows
+    lineage.retire_children(conn, expired, now, actor=actor)
     return {row_id: Expiry(_STATE[state], lease_until) for row_id, state, lease_until in got}
 
 
-def expire(s: Session | Connection, row_id: int, *, max_attempts: int, now: float) -> Expiry:
+def expire(
+    s: Session | Connection, row_id: int, *, max_attempts: int, now: float, actor: str = audit.UNATTRIBUTED
+) -> Expiry:
     """``expire_many`` of one row; ``LostRace`` if it was not running with an ended lease."""
-    got = expire_many(s, [row_id], max_attempts=max_attempts, now=now)
+    got = expire_many(s, [row_id], max_attempts=max_attempts, now=now, actor=actor)
     if row_id not in got:
         raise LostRace(f"expire: row {row_id} is not running with an ended lease")
     return got[row_id]
 
 
 def settle(
-    s: Session, row_id: int, to: RowState, *, expect_state: str, expect_attempt: int, now: float
+    s: Session,
+    row_id: int,
+    to: RowState,
+    *,
+    expect_state: str,
+    expect_attempt: int,
+    now: float,
+    actor: str = audit.UNATTRIBUTED,
+    evidence: str | None = None,
+    kind: EventKind = EventKind.SETTLE,
 ) -> None:
-    """Make a row terminal on evidence about its exact run, compacting its bulky JSON."""
+    """Make a row terminal on evidence about its exact run, compacting its bulky JSON.
+
+    Its event is a ``settle`` with the ``evidence`` as detail, or the more
+    specific ``kind`` the caller names (an operator's ``abandon`` or ``cancel``).
+    """
     if to not in TERMINAL_STATES:
         raise ValueError(f"settle goes to a terminal state, not {to}")
     guarded(
@@ -166,7 +186,8 @@ def settle(
         updated_at=now,
         **CLEAR_BOOKKEEPING,
     )
-    lineage.retire_children(s, [row_id], now)
+    audit.observed(s, kind, [(row_id, expect_state, evidence)], actor=actor, now=now)
+    lineage.retire_children(s, [row_id], now, actor=actor)
 
 
 class Settled(NamedTuple):
@@ -177,7 +198,17 @@ class Settled(NamedTuple):
 
 
 def settle_run(
-    s: Session, *, board: str, task_id: str, run_id: int, to: RowState, states: Iterable[RowState], now: float
+    s: Session,
+    *,
+    board: str,
+    task_id: str,
+    run_id: int,
+    to: RowState,
+    states: Iterable[RowState],
+    now: float,
+    actor: str = audit.UNATTRIBUTED,
+    evidence: str | None = None,
+    kind: EventKind = EventKind.SETTLE,
 ) -> Settled | None:
     """Settle the run's row, if it is in one of ``states``; None if it has no such row.
 
@@ -197,7 +228,17 @@ def settle_run(
     if row is None or row.state not in wanted:
         return None
     settled = Settled(row.id, row.ordinal, row.state, row.attempt)
-    settle(s, row.id, to, expect_state=settled.was, expect_attempt=settled.attempt, now=now)
+    settle(
+        s,
+        row.id,
+        to,
+        expect_state=settled.was,
+        expect_attempt=settled.attempt,
+        now=now,
+        actor=actor,
+        evidence=evidence,
+        kind=kind,
+    )
     return settled
 
 
@@ -229,7 +270,7 @@ def collect_garbage(s: Session, *, retention_seconds: float, batch: int, now: fl
     return int(rows), int(deliveries)
 
 
-def requeue(s: Session, row_id: int, *, now: float) -> Assignment:
+def requeue(s: Session, row_id: int, *, now: float, actor: str = audit.UNATTRIBUTED) -> Assignment:
     """Operator reset: clear backoff and quarantine so the next scan picks the row up now.
 
     A terminal row is never retried, and a row with a live child execution is
@@ -240,6 +281,13 @@ def requeue(s: Session, row_id: int, *, now: float) -> Assignment:
     row = get_row(s, row_id, for_update=True)
     if row.state in TERMINAL_VALUES:
         raise InvalidInput("row", f"row {row_id} is {row.state}: a terminal row is never retried")
-    lineage.reset(s, row_id, now=now)
+    cleared = f"cleared {row.failures} failure(s)" + (" and quarantine" if row.quarantined else "")
+    event = audit.Event(
+        row_id, EventKind.REQUEUE, actor, row.state, row.state, row.attempt, row.fence, cleared
+    )
+    discarded = lineage.reset(s, row_id, now=now)
     guarded(s, row_id, "requeue", {A.state: row.state, A.attempt: row.attempt}, **CLEAR_BOOKKEEPING)
+    if discarded:
+        event = event._replace(detail=f"{cleared}; discarded {discarded} unknown child execution(s)")
+    audit.append(s, [event], now=now)
     return row

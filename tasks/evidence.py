@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from board import BoardTask, TaskStatus
 from core.errors import LostRace
-from store import rows, transitions
+from store import audit, rows, transitions
 from store.models import Assignment, RowState
 from tasks.declaration import Outcome
 from tasks.plane import Plane
@@ -34,7 +34,26 @@ def verdict(task: BoardTask | None, run_id: int) -> RowState | None:
     return None  # still running: no evidence yet
 
 
-def settle(plane: Plane, row: Assignment, to: RowState, now: float) -> Outcome:
+def described(task: BoardTask | None, run_id: int) -> str:
+    """What the board said, in words: the evidence an audit event keeps beside ``verdict``."""
+    if task is None:
+        return "board: the task is gone"
+    if task.current_run_id != run_id:
+        return f"board: the task's current run is {task.current_run_id}, not {run_id}"
+    return f"board: the run is {task.status.value}"
+
+
+def settle(plane: Plane, row: Assignment, to: RowState, now: float, *, by: str, evidence: str) -> Outcome:
+    """Settle the row on ``evidence``, as the pass named ``by``; its audit event keeps both."""
     with plane.store.session() as s:
-        transitions.settle(s, row.id, to, expect_state=row.state, expect_attempt=row.attempt, now=now)
+        transitions.settle(
+            s,
+            row.id,
+            to,
+            expect_state=row.state,
+            expect_attempt=row.attempt,
+            now=now,
+            actor=audit.by_pass(by),
+            evidence=evidence,
+        )
     return Outcome(to.value)

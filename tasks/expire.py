@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from sqlalchemy import Connection
 
-from store import queries, transitions
+from store import audit, queries, transitions
 from store.models import RowState
 from tasks import metrics
 from tasks.declaration import Lock, Outcome, Pass, due_rows
@@ -26,7 +26,9 @@ from tasks.plane import Plane
 
 
 def run_in(conn: Connection, plane: Plane, row_ids: list[int], now: float) -> dict[int, Outcome]:
-    got = transitions.expire_many(conn, row_ids, max_attempts=plane.settings.max_attempts, now=now)
+    got = transitions.expire_many(
+        conn, row_ids, max_attempts=plane.settings.max_attempts, now=now, actor=ACTOR
+    )
     observe = metrics.EXPIRY_TO_REOFFER.observe
     outcomes = {}
     for row_id, (state, lease_until) in got.items():
@@ -42,3 +44,4 @@ PASS = Pass(
     find=due_rows("expire", queries.due_expired),
     run_in=run_in,
 )
+ACTOR = audit.by_pass(PASS.name)  # built once: every batch of a storm names it

@@ -24,7 +24,7 @@ from enum import StrEnum
 from core.db import is_transient
 from core.errors import CapabilityError, LostRace, ProtocolError
 from core.retry import RetryPolicy
-from store import bookkeeping
+from store import audit, bookkeeping
 from tasks import metrics
 from tasks.declaration import Key, Lock, Outcome, Pass
 from tasks.plane import Plane
@@ -124,7 +124,9 @@ def record(
     errors = {int(key): describe(err) for key, err in failed}
     try:
         with plane.store.connection() as conn:
-            got = bookkeeping.record_failures(conn, errors, policy=policy, now=now, counts=counts)
+            got = bookkeeping.record_failures(
+                conn, errors, policy=policy, now=now, counts=counts, actor=audit.by_pass(p.name)
+            )
     except Exception as inner:
         if len(errors) > 1:  # one row cannot take its record: each on its own, to find it
             return [o for key, err in failed for o in record(plane, p, [(key, err)], now, counts=counts)]

@@ -26,13 +26,14 @@ from tasks.plane import Plane
 
 def run(plane: Plane, row_id: int, now: float) -> Outcome:
     row = evidence.read_row(plane, row_id, RowState.LEASE_FAILED)
-    to = evidence.verdict(plane.board.get_task(row.board, row.task_id), row.run_id)
+    task = plane.board.get_task(row.board, row.task_id)
+    to, why = evidence.verdict(task, row.run_id), evidence.described(task, row.run_id)
     if to is None:
         reason = f"lease expired after {row.attempt} fenced attempts"
         if not plane.board.block_task(row.board, row.task_id, reason, "transient", row.run_id):
             raise TransientError(f"board refused to park {row.board}/{row.task_id} run {row.run_id}")
-        to = RowState.FINALIZED
-    return evidence.settle(plane, row, to, now)
+        to, why = RowState.FINALIZED, f"board: parked the run ({reason})"
+    return evidence.settle(plane, row, to, now, by=PASS.name, evidence=why)
 
 
 PASS = Pass(

@@ -28,7 +28,7 @@ from typing import Any
 from board import BoardTask, TaskStatus
 from core import validate
 from core.errors import CapabilityError, InvalidInput, TransientError
-from store import queries, transitions
+from store import audit, queries, transitions
 from store.models import TERMINAL_STATES
 from tasks.declaration import Lock, Outcome, Pass, Submit
 from tasks.plane import Plane
@@ -146,6 +146,7 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
             payload=payload,
             pool_size=plane.settings.pool_size,
             now=now,
+            actor=audit.by_pass(PASS.name),
         )
     return Outcome.ADDED
 

@@ -89,7 +89,8 @@ def run(plane: Plane, row_id: int, now: float) -> Outcome:
     task: BoardTask | None = plane.board.get_task(row.board, row.task_id)
     if task is not None and task.current_run_id == row.run_id and task.status is TaskStatus.RUNNING:
         return Outcome.CURRENT
-    return evidence.settle(plane, row, RowState.STALE, now)
+    why = evidence.described(task, row.run_id)
+    return evidence.settle(plane, row, RowState.STALE, now, by=PASS.name, evidence=why)
 
 
 PASS = Pass(

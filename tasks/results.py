@@ -31,16 +31,18 @@ def run(plane: Plane, row_id: int, now: float) -> Outcome:
     result = json.loads(row.result or "")
     if result["status"] == "blocked":
         applied = plane.board.block_task(row.board, row.task_id, str(result["reason"]), "worker", row.run_id)
+        why = f"board: parked the run with the result ({result['reason']})"
     else:
         applied = plane.board.complete_task(row.board, row.task_id, row.run_id, result)
-    to = (
-        RowState.FINALIZED
-        if applied
-        else evidence.verdict(plane.board.get_task(row.board, row.task_id), row.run_id)
-    )
+        why = "board: completed the run with the result"
+    to: RowState | None = RowState.FINALIZED
+    if not applied:
+        task = plane.board.get_task(row.board, row.task_id)
+        to = evidence.verdict(task, row.run_id)
+        why = f"{evidence.described(task, row.run_id)}; the result was not applied"
     if to is None:
         raise TransientError(f"board refused the result of {row.board}/{row.task_id} run {row.run_id}")
-    return evidence.settle(plane, row, to, now)
+    return evidence.settle(plane, row, to, now, by=PASS.name, evidence=why)
 
 
 PASS = Pass(

@@ -42,6 +42,7 @@ from core.settings import Settings
 from core.validate import canonical_json, sha256
 from store import Child, Envelope, Offer, PoolStore, lineage, queries, transitions, worker
 from store.models import RowState
+from store.models import metadata as store_metadata
 
 POOL, LEASE, MAX_ATTEMPTS, MAX_DEPTH = 2, 30.0, 2, 2
 LIVE = ("registered", "running")
@@ -68,7 +69,9 @@ class LineageMachine(RuleBasedStateMachine):
         else:
             url = self.url
             with self.engine.begin() as conn:
-                conn.execute(text("TRUNCATE child_executions, deliveries, assignments RESTART IDENTITY"))
+                conn.execute(
+                    text("TRUNCATE child_executions, deliveries, audit_events, assignments RESTART IDENTITY")
+                )
                 conn.execute(text("UPDATE fence_sequence SET value = 0"))
         self.store = PoolStore(
             url,
@@ -387,6 +390,6 @@ def test_lineage_machine_on_postgres(postgres_url: str) -> None:
         _run(postgres_url, store.engine, EXAMPLES["postgres"])
     finally:
         with store.engine.begin() as conn:
-            conn.execute(text("DROP TABLE IF EXISTS child_executions, deliveries, assignments CASCADE"))
-            conn.execute(text("DROP TABLE IF EXISTS fence_sequence, store_alembic_version"))
+            tables = ", ".join([*store_metadata.tables, "store_alembic_version"])  # every table, as conftest
+            conn.execute(text(f"DROP TABLE IF EXISTS {tables} CASCADE"))
         store.engine.dispose()
