@@ -17,17 +17,31 @@ import functools
 import os
 import re
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import URL, Engine, MetaData, column, create_engine, event, inspect, select, table
+from sqlalchemy import (
+    URL,
+    ClauseElement,
+    Connection,
+    Dialect,
+    Engine,
+    MetaData,
+    column,
+    create_engine,
+    event,
+    inspect,
+    select,
+    table,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from core.errors import ConfigError, PoolError, TransientError, Unavailable
 
@@ -178,6 +192,50 @@ def transaction(engine: Engine, what: str = "store") -> Iterator[Session]:
         session.begin(),
     ):
         yield session
+
+
+class Ran(NamedTuple):
+    rowcount: int
+    rows: list[tuple[Any, ...]]  # empty unless the statement returns rows
+
+
+class Prepared:
+    """A Core statement compiled once per dialect and run straight on the DB-API cursor.
+
+    For one-row hot paths (the worker protocol), where SQLAlchemy's work per execute
+    (cache key, result set-up, events) cost more than the database's
+    (bench/store_bench.py). Parameters go to the driver as they are, so they must be
+    plain ``str``, ``int``, ``float``, ``bool`` or ``None``. Driver errors surface as
+    SQLAlchemy's ``DBAPIError`` classes, so ``translate`` classifies them as usual.
+    """
+
+    def __init__(self, statement: ClauseElement) -> None:
+        self.statement = statement
+        self._compiled: dict[tuple[str, str, str], SQLCompiler] = {}
+
+    def run(self, conn: Connection, params: Mapping[str, Any] | None = None) -> Ran:
+        dialect = conn.dialect
+        compiled = self._compiled.get((dialect.name, dialect.driver, dialect.paramstyle)) or self._compile(
+            dialect
+        )
+        values = compiled.construct_params(params)
+        args = tuple(values[name] for name in compiled.positiontup or ()) if dialect.positional else values
+        if not conn.in_transaction():
+            conn.begin()  # as ``execute`` would: the statement belongs to the caller's transaction
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(compiled.string, args)
+            return Ran(cursor.rowcount, cursor.fetchall() if cursor.description else [])
+        except dialect.loaded_dbapi.Error as err:
+            raise sa_exc.DBAPIError.instance(compiled.string, args, err, dialect.loaded_dbapi.Error) from None
+        finally:
+            cursor.close()
+
+    def _compile(self, dialect: Dialect) -> SQLCompiler:
+        compiled = self.statement.compile(dialect=dialect)
+        assert isinstance(compiled, SQLCompiler)
+        self._compiled[(dialect.name, dialect.driver, dialect.paramstyle)] = compiled
+        return compiled
 
 
 def _short(err: BaseException) -> str:

@@ -71,7 +71,6 @@ class PoolStore:
         """``ConfigError`` unless ``migrate`` has set this store up (creates nothing)."""
         db.require_schema(self.engine, "store", "pool store", writable=writable)
 
-
     @contextmanager
     def session(self, *, readonly: bool = False) -> Iterator[Session]:
         engine = db.readonly(self.engine) if readonly else self.engine
@@ -80,7 +79,7 @@ class PoolStore:
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
-        """A Core-level write transaction, for batches that take a savepoint per row."""
+        """A Core-level write transaction: the worker protocol's calls and the set-based batches."""
         with db.transient_errors("pool store", self.engine.url), self.engine.begin() as conn:
             yield conn
 
@@ -93,9 +92,9 @@ class PoolStore:
         """
         now = _now(now)
         try:
-            with self.session() as s:
+            with self.connection() as conn:
                 return worker.offer(
-                    s,
+                    conn,
                     ordinal,
                     owner=owner,
                     pool_size=self.pool_size,
@@ -114,23 +113,23 @@ class PoolStore:
         self, envelope: Mapping[str, Any], *, now: float | None = None
     ) -> Literal["applied", "duplicate"]:
         env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=False)
-        with self.session() as s:
-            return worker.heartbeat(s, env, lease_seconds=self.lease_seconds, now=_now(now))
+        with self.connection() as conn:
+            return worker.heartbeat(conn, env, lease_seconds=self.lease_seconds, now=_now(now))
 
     def accept_result(
         self, envelope: Mapping[str, Any], *, now: float | None = None
     ) -> Literal["applied", "duplicate"]:
         env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=True)
-        with self.session() as s:
-            return worker.accept_result(s, env, now=_now(now))
+        with self.connection() as conn:
+            return worker.accept_result(conn, env, now=_now(now))
 
     def release(
         self, envelope: Mapping[str, Any], *, now: float | None = None
     ) -> Literal["reoffered", "lease_failed", "duplicate"]:
         """The holder hands its run back; the envelope is a heartbeat's (see ``store.worker.release``)."""
         env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=False)
-        with self.session() as s:
-            return worker.release(s, env, max_attempts=self.max_attempts, now=_now(now))
+        with self.connection() as conn:
+            return worker.release(conn, env, max_attempts=self.max_attempts, now=_now(now))
 
     # --- child executions (docs/design.md, "Lineage"); the HTTP /v1/children endpoints wrap these ---
 
