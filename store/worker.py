@@ -21,9 +21,9 @@ from sqlalchemy.orm import Session
 from core import db, validate
 from core.errors import CorruptRow, DeliveryConflict, LostRace, NotFound, StaleHolder, TransientError
 from core.retry import RetryPolicy
-from store import bookkeeping, lineage
+from store import audit, bookkeeping, lineage
 from store.envelope import Envelope
-from store.models import LIVE_SQL, Assignment, Delivery, FenceSequence, RowState
+from store.models import LIVE_SQL, Assignment, Delivery, EventKind, FenceSequence, RowState
 from store.rows import CLEAR_BOOKKEEPING, get_row
 
 T = cast(Table, Assignment.__table__)
@@ -211,6 +211,9 @@ def offer(
             f"offer: row {row.id} changed under us (expected state={row.state}, "
             f"attempt={row.attempt}, fence={row.fence})"
         )
+    actor, detail = audit.by_worker(ordinal), f"owner {owner}"
+    grant = audit.Event(row.id, EventKind.GRANT, actor, row.state, RUNNING, row.attempt, fence, detail)
+    audit.append(conn, [grant], now=now)
     return _grant(row, owner, fence, lease_until, payload)
 
 
@@ -298,6 +301,7 @@ def accept_result(s: Session | Connection, env: Envelope, *, now: float) -> Lite
     _apply(conn, _STORE_RESULT, env, now, new_result=env.result, new_result_digest=result_digest)
     lineage.retire_children(conn, [row.id], now)
     _record_delivery(conn, row.id, env, "result", digest, now)
+    _audit(conn, row.id, env, EventKind.RESULT, RowState.RESULT.value, now)
     return "applied"
 
 
@@ -321,6 +325,7 @@ def release(
     _apply(conn, _HAND_BACK, env, now, new_state=to, new_attempt=row.attempt if last else row.attempt + 1)
     lineage.retire_children(conn, [row.id], now)
     _record_delivery(conn, row.id, env, "release", digest, now)
+    _audit(conn, row.id, env, EventKind.RELEASE, to, now)
     return "lease_failed" if last else "reoffered"
 
 
@@ -418,6 +423,13 @@ def _record_delivery(
     }
     if not _RECORD[conn.dialect.name].run(conn, values).rows:
         raise TransientError(f"delivery_id: {env.delivery_id!r} is being delivered concurrently; retry")
+
+
+def _audit(conn: Connection, row_id: int, env: Envelope, kind: EventKind, to: str, now: float) -> None:
+    """The holder's transition, as one audit event in its transaction (the attempt and fence it ended)."""
+    actor, detail = audit.by_worker(env.worker_ordinal), f"delivery {env.delivery_id}"
+    event = audit.Event(row_id, kind, actor, RUNNING, to, env.attempt, env.fence, detail)
+    audit.append(conn, [event], now=now)
 
 
 def _connection(s: Session | Connection) -> Connection:
