@@ -17,7 +17,7 @@ import functools
 import os
 import re
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -207,34 +207,49 @@ class Prepared:
     (bench/store_bench.py). Parameters go to the driver as they are, so they must be
     plain ``str``, ``int``, ``float``, ``bool`` or ``None``. Driver errors surface as
     SQLAlchemy's ``DBAPIError`` classes, so ``translate`` classifies them as usual.
+    ``columns`` names the parameters of an INSERT given no ``values()``.
     """
 
-    def __init__(self, statement: ClauseElement) -> None:
+    def __init__(self, statement: ClauseElement, columns: Sequence[str] | None = None) -> None:
         self.statement = statement
+        self.columns = columns
         self._compiled: dict[tuple[str, str, str], SQLCompiler] = {}
 
     def run(self, conn: Connection, params: Mapping[str, Any] | None = None) -> Ran:
+        with self._cursor(conn) as (cursor, sql, args):
+            cursor.execute(sql, args(params))
+            return Ran(cursor.rowcount, cursor.fetchall() if cursor.description else [])
+
+    def run_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        with self._cursor(conn) as (cursor, sql, args):
+            cursor.executemany(sql, [args(row) for row in rows])
+
+    @contextmanager
+    def _cursor(self, conn: Connection) -> Iterator[tuple[Any, str, Callable[[Any], Any]]]:
         dialect = conn.dialect
-        compiled = self._compiled.get((dialect.name, dialect.driver, dialect.paramstyle)) or self._compile(
-            dialect
-        )
-        values = compiled.construct_params(params)
-        args = tuple(values[name] for name in compiled.positiontup or ()) if dialect.positional else values
+        key = (dialect.name, dialect.driver, dialect.paramstyle)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = self._compile(dialect)
+        order = compiled.positiontup or []
+
+        def args(params: Mapping[str, Any] | None) -> Any:
+            values = compiled.construct_params(params)
+            return tuple(values[name] for name in order) if dialect.positional else values
+
         if not conn.in_transaction():
             conn.begin()  # as ``execute`` would: the statement belongs to the caller's transaction
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         try:
-            cursor.execute(compiled.string, args)
-            return Ran(cursor.rowcount, cursor.fetchall() if cursor.description else [])
+            yield cursor, compiled.string, args
         except dialect.loaded_dbapi.Error as err:
-            raise sa_exc.DBAPIError.instance(compiled.string, args, err, dialect.loaded_dbapi.Error) from None
+            raise sa_exc.DBAPIError.instance(compiled.string, None, err, dialect.loaded_dbapi.Error) from None
         finally:
             cursor.close()
 
     def _compile(self, dialect: Dialect) -> SQLCompiler:
-        compiled = self.statement.compile(dialect=dialect)
+        compiled = self.statement.compile(dialect=dialect, column_keys=self.columns)
         assert isinstance(compiled, SQLCompiler)
-        self._compiled[(dialect.name, dialect.driver, dialect.paramstyle)] = compiled
         return compiled
 
 
