@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Select, func, literal, select, tuple_
+from sqlalchemy import Select, func, literal, literal_column, select, tuple_
 from sqlalchemy.orm import Session
 
 from core import validate
@@ -28,8 +28,14 @@ class Due(NamedTuple):
 
 def due_expired(s: Session, *, now: float, limit: int, after: Due | None = None) -> list[Due]:
     """``running`` rows whose lease ended (``0 < lease_until < now``), oldest lease first."""
+    running = A.state == literal_column(f"'{RowState.RUNNING}'")  # the partial lease index's own words
+    if s.get_bind().dialect.name == "sqlite":
+        # Without statistics SQLite reads every running row through the state index and sorts
+        # them, for every page (21 ms a page at 100k running rows); told the term is likely
+        # true, it reads the partial lease index, already in lease order (under 1 ms).
+        running = func.likely(running)
     stmt = select(A.lease_until, A.id).where(
-        A.state == RowState.RUNNING.value,
+        running,
         A.lease_until > 0,
         A.lease_until < now,
         A.next_attempt_at <= now,
