@@ -98,6 +98,10 @@ def storm(
         )
         for sql in POISON["sqlite"] if poisoned else []:
             s.execute(text(sql))
+    if not url.startswith("sqlite"):
+        with store.engine.connect() as conn:  # fresh statistics, as autovacuum would give a real table
+            conn.execute(text("ANALYZE assignments"))
+            conn.commit()
     return settings, store
 
 
