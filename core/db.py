@@ -250,6 +250,8 @@ class Prepared:
     def _compile(self, dialect: Dialect) -> SQLCompiler:
         compiled = self.statement.compile(dialect=dialect, column_keys=self.columns)
         assert isinstance(compiled, SQLCompiler)
+        if compiled.post_compile_params:  # ``in_()`` lists are expanded per execute: not here
+            raise ValueError(f"cannot prepare a statement with an IN list: {compiled.string}")
         return compiled
 
 
