@@ -1,6 +1,6 @@
 """The pool worker protocol: offer, heartbeat, result, release (docs/design.md, "Execution authority").
 
-Each function takes the caller's session (one short transaction), a ``now``
+Each function takes the caller's connection or session (one short transaction), a ``now``
 and the values it needs. Only the holder of the current attempt and fence may
 write. Authority is checked before replay: a delivery replayed with the same
 id and digest is a duplicate only for the fence that made it, while that
