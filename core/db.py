@@ -17,17 +17,31 @@ import functools
 import os
 import re
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import URL, Engine, MetaData, column, create_engine, event, inspect, select, table
+from sqlalchemy import (
+    URL,
+    ClauseElement,
+    Connection,
+    Dialect,
+    Engine,
+    MetaData,
+    column,
+    create_engine,
+    event,
+    inspect,
+    select,
+    table,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from core.errors import ConfigError, PoolError, TransientError, Unavailable
 
@@ -178,6 +192,98 @@ def transaction(engine: Engine, what: str = "store") -> Iterator[Session]:
         session.begin(),
     ):
         yield session
+
+
+class Ran(NamedTuple):
+    rowcount: int
+    rows: list[tuple[Any, ...]]  # empty unless the statement returns rows
+
+
+class Prepared:
+    """A Core statement compiled once per dialect and run straight on the DB-API cursor.
+
+    For one-row hot paths (the worker protocol), where SQLAlchemy's work per execute
+    (cache key, result set-up, events) cost more than the database's
+    (bench/store_bench.py). Parameters go to the driver as they are, so they must be
+    plain ``str``, ``int``, ``float``, ``bool`` or ``None``. Driver errors surface as
+    SQLAlchemy's ``DBAPIError`` classes, so ``translate`` classifies them as usual.
+    ``columns`` names the parameters of an INSERT given no ``values()``.
+    """
+
+    def __init__(self, statement: ClauseElement, columns: Sequence[str] | None = None) -> None:
+        self.statement = statement
+        self.columns = columns
+        self._compiled: dict[tuple[str, str, str], SQLCompiler] = {}
+
+    def run(self, conn: Connection, params: Mapping[str, Any] | None = None) -> Ran:
+        with self._cursor(conn) as (cursor, sql, args):
+            cursor.execute(sql, args(params))
+            return Ran(cursor.rowcount, cursor.fetchall() if cursor.description else [])
+
+    def run_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        with self._cursor(conn) as (cursor, sql, args):
+            cursor.executemany(sql, [args(row) for row in rows])
+
+    @contextmanager
+    def _cursor(self, conn: Connection) -> Iterator[tuple[Any, str, Callable[[Any], Any]]]:
+        dialect = conn.dialect
+        key = (dialect.name, dialect.driver, dialect.paramstyle)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = self._compile(dialect)
+        order = compiled.positiontup or []
+
+        def args(params: Mapping[str, Any] | None) -> Any:
+            values = compiled.construct_params(params)
+            return tuple(values[name] for name in order) if dialect.positional else values
+
+        with driver_cursor(conn, compiled.string) as cursor:
+            yield cursor, compiled.string, args
+
+    def _compile(self, dialect: Dialect) -> SQLCompiler:
+        compiled = self.statement.compile(dialect=dialect, column_keys=self.columns)
+        assert isinstance(compiled, SQLCompiler)
+        if compiled.post_compile_params:  # ``in_()`` lists are expanded per execute: not here
+            raise ValueError(f"cannot prepare a statement with an IN list: {compiled.string}")
+        return compiled
+
+
+@contextmanager
+def driver_cursor(conn: Connection, sql: str) -> Iterator[Any]:
+    """The driver's own cursor in ``conn``'s transaction; its errors become SQLAlchemy's classes.
+
+    So failures on the hot paths that bypass the SQL layer classify as usual (``translate``).
+    """
+    dialect = conn.dialect
+    if not conn.in_transaction():
+        conn.begin()  # as ``execute`` would: the statement belongs to the caller's transaction
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        yield cursor
+    except dialect.loaded_dbapi.Error as err:
+        raise sa_exc.DBAPIError.instance(sql, None, err, dialect.loaded_dbapi.Error) from None
+    finally:
+        cursor.close()
+
+
+_PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
+
+
+def placeholder(conn: Connection) -> str:
+    """The driver's positional placeholder, for the few statements written as SQL (``raw``)."""
+    return _PLACEHOLDER[conn.dialect.paramstyle]
+
+
+def raw(conn: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+    """Run ``sql`` (written with ``placeholder``) on the driver's cursor; the rows it returns, if any.
+
+    For the storm's set statements, whose 1,000-id IN lists ``Prepared`` cannot take:
+    through the SQL layer, the per-value processing of the list and the wrapping of
+    every statement cost several times the database's own work.
+    """
+    with driver_cursor(conn, sql) as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
 
 
 def _short(err: BaseException) -> str:

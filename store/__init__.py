@@ -22,7 +22,7 @@ from core import db, validate
 from core.errors import CorruptRow, InvalidInput, PoolError
 from core.retry import RetryPolicy
 from core.settings import Settings
-from store import lineage, transitions, worker
+from store import audit, lineage, transitions, worker
 from store.envelope import Envelope
 from store.lineage import Child
 from store.models import metadata
@@ -79,7 +79,7 @@ class PoolStore:
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
-        """A Core-level write transaction, for batches that take a savepoint per row."""
+        """A Core-level write transaction: the worker protocol's calls and the set-based batches."""
         with db.transient_errors("pool store", self.engine.url), self.engine.begin() as conn:
             yield conn
 
@@ -92,9 +92,9 @@ class PoolStore:
         """
         now = _now(now)
         try:
-            with self.session() as s:
+            with self.connection() as conn:
                 return worker.offer(
-                    s,
+                    conn,
                     ordinal,
                     owner=owner,
                     pool_size=self.pool_size,
@@ -104,7 +104,8 @@ class PoolStore:
         except CorruptRow as err:
             try:
                 with self.session() as s:
-                    worker.note_corrupt(s, err.row_id, str(err), policy=self.retry, now=now)
+                    actor = audit.by_worker(ordinal)
+                    worker.note_corrupt(s, err.row_id, str(err), policy=self.retry, now=now, actor=actor)
             except PoolError:
                 pass  # the record waits for the next poll; the refusal stands either way
             raise
@@ -113,23 +114,23 @@ class PoolStore:
         self, envelope: Mapping[str, Any], *, now: float | None = None
     ) -> Literal["applied", "duplicate"]:
         env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=False)
-        with self.session() as s:
-            return worker.heartbeat(s, env, lease_seconds=self.lease_seconds, now=_now(now))
+        with self.connection() as conn:
+            return worker.heartbeat(conn, env, lease_seconds=self.lease_seconds, now=_now(now))
 
     def accept_result(
         self, envelope: Mapping[str, Any], *, now: float | None = None
     ) -> Literal["applied", "duplicate"]:
         env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=True)
-        with self.session() as s:
-            return worker.accept_result(s, env, now=_now(now))
+        with self.connection() as conn:
+            return worker.accept_result(conn, env, now=_now(now))
 
     def release(
         self, envelope: Mapping[str, Any], *, now: float | None = None
     ) -> Literal["reoffered", "lease_failed", "duplicate"]:
         """The holder hands its run back; the envelope is a heartbeat's (see ``store.worker.release``)."""
         env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=False)
-        with self.session() as s:
-            return worker.release(s, env, max_attempts=self.max_attempts, now=_now(now))
+        with self.connection() as conn:
+            return worker.release(conn, env, max_attempts=self.max_attempts, now=_now(now))
 
     # --- child executions (docs/design.md, "Lineage"); the HTTP /v1/children endpoints wrap these ---
 

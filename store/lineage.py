@@ -46,7 +46,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from core import validate
+from core import db, validate
 from core.errors import (
     DeliveryConflict,
     InvalidInput,
@@ -392,11 +392,12 @@ def retire_children(
     ids = list(row_ids)
     if not ids:
         return 0
-    params = {"row_ids": ids, "now": now}
     if len(ids) == 1:  # one run's grant: the count is its own, and a row count costs less than rows
-        n = int(conn.execute(RETIRE_RUNS, params).rowcount)  # type: ignore[attr-defined]
+        c = conn.connection() if isinstance(conn, Session) else conn
+        n = RETIRE_RUN.run(c, {"row_id": ids[0], "now": now}).rowcount
         retired = Counter({ids[0]: n} if n else {})
     else:
+        params = {"row_ids": ids, "now": now}
         retired = Counter(row_id for (row_id,) in conn.execute(RETIRE_RUNS_RETURNING, params))
     if retired:
         counts = [(row_id, None, f"{n} child execution(s) retired") for row_id, n in sorted(retired.items())]
@@ -408,7 +409,7 @@ def _retire_statement(which: Any) -> Update:
     table = cast(Table, C.__table__)
     return (
         table.update()
-        .where(which, table.c.status.in_(_LIVE))
+        .where(which, or_(*[table.c.status == status for status in _LIVE]))  # no IN list: preparable
         .values(
             status=ChildStatus.TERMINAL.value,
             outcome=ChildOutcome.RETIRED.value,
@@ -420,6 +421,7 @@ def _retire_statement(which: Any) -> Update:
 
 # Built once, like expire's statement: every grant's end runs one, and building it per
 # call cost more than the index probe itself (bench/lineage_bench.py).
+RETIRE_RUN = db.Prepared(_retire_statement(C.row_id == bindparam("row_id")))  # one grant's end
 RETIRE_RUNS = _retire_statement(C.row_id.in_(bindparam("row_ids", expanding=True)))
 RETIRE_RUNS_RETURNING = RETIRE_RUNS.returning(C.row_id)  # a batch's: which runs retired children
 RETIRE_RANGE = _retire_statement(and_(C.id >= bindparam("low"), C.id < bindparam("high")))

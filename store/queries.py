@@ -7,8 +7,9 @@ skip rows whose maintenance backoff has not run out yet.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import Select, func, literal, literal_column, select, tuple_
 from sqlalchemy.orm import Session
 
 from core import validate
@@ -18,33 +19,45 @@ A = Assignment
 _LIVE = [s.value for s in LIVE_STATES]
 
 
-def due_expired(s: Session, *, now: float, limit: int, offset: int = 0) -> list[int]:
+class Due(NamedTuple):
+    """A due row and where it sorts: the scanners page on from the last one (keyset paging)."""
+
+    at: float  # the lease's end (expire) or the backoff's end (the other row passes)
+    id: int
+
+
+def due_expired(s: Session, *, now: float, limit: int, after: Due | None = None) -> list[Due]:
     """``running`` rows whose lease ended (``0 < lease_until < now``), oldest lease first."""
-    stmt = (
-        select(A.id)
-        .where(
-            A.state == RowState.RUNNING.value,
-            A.lease_until > 0,
-            A.lease_until < now,
-            A.next_attempt_at <= now,
-        )
-        .order_by(A.lease_until, A.id)
-        .limit(limit)
-        .offset(offset)
+    running = A.state == literal_column(f"'{RowState.RUNNING}'")  # the partial lease index's own words
+    if s.get_bind().dialect.name == "sqlite":
+        # Without statistics SQLite reads every running row through the state index and sorts
+        # them, for every page (21 ms a page at 100k running rows); told the term is likely
+        # true, it reads the partial lease index, already in lease order (under 1 ms).
+        running = func.likely(running)
+    stmt = select(A.lease_until, A.id).where(
+        running,
+        A.lease_until > 0,
+        A.lease_until < now,
+        A.next_attempt_at <= now,
     )
-    return list(s.scalars(stmt))
+    return _page(s, stmt, (A.lease_until, A.id), limit, after)
 
 
-def due_in_state(s: Session, state: RowState, *, now: float, limit: int, offset: int = 0) -> list[int]:
+def due_in_state(
+    s: Session, state: RowState, *, now: float, limit: int, after: Due | None = None
+) -> list[Due]:
     """Rows in ``state`` whose backoff has run out, longest waiting first."""
-    stmt = (
-        select(A.id)
-        .where(A.state == state.value, A.next_attempt_at <= now)
-        .order_by(A.next_attempt_at, A.id)
-        .limit(limit)
-        .offset(offset)
-    )
-    return list(s.scalars(stmt))
+    stmt = select(A.next_attempt_at, A.id).where(A.state == state.value, A.next_attempt_at <= now)
+    return _page(s, stmt, (A.next_attempt_at, A.id), limit, after)
+
+
+def _page(
+    s: Session, stmt: Select[Any, Any], order: tuple[Any, Any], limit: int, after: Due | None
+) -> list[Due]:
+    """One page in ``order``, past ``after``: rows that leave the set meanwhile shift nothing."""
+    if after is not None:
+        stmt = stmt.where(tuple_(*order) > tuple_(literal(after.at), literal(after.id)))
+    return [Due(at, row_id) for at, row_id in s.execute(stmt.order_by(*order).limit(limit))]
 
 
 def free_ordinals(s: Session, pool_size: int) -> list[int]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, exc, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from core import validate
@@ -38,25 +37,3 @@ def guarded(s: Session, row_id: int, what: str, expect: dict[Any, Any], **values
         described = ", ".join(f"{col.key}={val}" for col, val in expect.items())
         raise LostRace(f"{what}: row {row_id} changed under us (expected {described})")
 
-
-# The driver's placeholder, for the few statements written as SQL (``raw``).
-PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
-
-
-def raw(conn: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
-    """Run ``sql`` on the driver's own cursor; the rows it returns, if any.
-
-    For the storm's hot path: through the SQL layer, the per-value processing
-    of a 1,000-id IN list and the wrapping of every statement cost several
-    times the database's own work. A driver error becomes the SQL layer's own
-    class, so failures classify as usual.
-    """
-    dbapi = conn.dialect.loaded_dbapi
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    try:
-        cursor.execute(sql, params)
-        return cursor.fetchall() if cursor.description else []
-    except dbapi.Error as err:
-        raise exc.DBAPIError.instance(sql, params, err, dbapi.Error) from None
-    finally:
-        cursor.close()

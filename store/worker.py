@@ -1,6 +1,6 @@
 """The pool worker protocol: offer, heartbeat, result, release (docs/design.md, "Execution authority").
 
-Each function takes the caller's session (one short transaction), a ``now``
+Each function takes the caller's connection or session (one short transaction), a ``now``
 and the values it needs. Only the holder of the current attempt and fence may
 write. Authority is checked before replay: a delivery replayed with the same
 id and digest is a duplicate only for the fence that made it, while that
@@ -12,21 +12,24 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NamedTuple, NoReturn, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Connection, Table, and_, bindparam, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from core import validate
+from core import db, validate
 from core.errors import CorruptRow, DeliveryConflict, LostRace, NotFound, StaleHolder, TransientError
 from core.retry import RetryPolicy
-from store import bookkeeping, lineage
+from store import audit, bookkeeping, lineage
 from store.envelope import Envelope
-from store.models import Assignment, Delivery, FenceSequence, RowState
-from store.rows import CLEAR_BOOKKEEPING, get_row, guarded
+from store.models import LIVE_SQL, Assignment, Delivery, EventKind, FenceSequence, RowState
+from store.rows import CLEAR_BOOKKEEPING, get_row
 
-A = Assignment
+T = cast(Table, Assignment.__table__)
+_D = cast(Table, Delivery.__table__)
+_F = cast(Table, FenceSequence.__table__)
+RUNNING = RowState.RUNNING.value
 
 
 PROTOCOL_VERSION = 1  # of the grant and envelope shapes; the wire protocol reports it
@@ -50,8 +53,108 @@ class Offer:
     protocol_version: int = PROTOCOL_VERSION
 
 
+class Held(NamedTuple):
+    """A run's row as the worker calls read it (under its lock)."""
+
+    id: int
+    board: str
+    task_id: str
+    run_id: int
+    ordinal: int
+    state: str
+    attempt: int
+    fence: int | None
+    owner: str | None
+    lease_until: float | None
+    payload_digest: str
+    result_digest: str | None
+
+
+# Prepared once: every worker call runs a few of these, and building them per call, loading
+# ORM objects and SQLAlchemy's work per execute cost several times the database's
+# (bench/store_bench.py).
+_ROW = [T.c[name] for name in Held._fields]
+# ``LIVE_SQL`` verbatim lets SQLite use the partial unique index on the ordinal.
+_ON_ORDINAL = db.Prepared(
+    select(*_ROW, T.c.payload)
+    .where(T.c.ordinal == bindparam("ordinal"), text(LIVE_SQL), T.c.state != RowState.RESULT.value)
+    .with_for_update()
+)
+_BY_IDENTITY = db.Prepared(
+    select(*_ROW)
+    .where(
+        T.c.board == bindparam("board"),
+        T.c.task_id == bindparam("task_id"),
+        T.c.run_id == bindparam("run_id"),
+    )
+    .with_for_update()
+)
+_ANY_ON_BOARD = db.Prepared(select(T.c.id).where(T.c.board == bindparam("board")).limit(1))
+_MINT = db.Prepared(_F.update().where(_F.c.id == 1).values(value=_F.c.value + 1).returning(_F.c.value))
+_GRANT = db.Prepared(
+    T.update()
+    .where(
+        T.c.id == bindparam("row_id"),
+        T.c.state == bindparam("was_state"),
+        T.c.attempt == bindparam("was_attempt"),
+        T.c.fence.is_not_distinct_from(bindparam("was_fence")),
+    )
+    .values(
+        state=RUNNING,
+        owner=bindparam("new_owner"),
+        fence=bindparam("new_fence"),
+        lease_until=bindparam("new_lease"),
+        updated_at=bindparam("now"),
+    )
+)
+# The holder's write is guarded on the whole holder identity, and its result checked.
+_HOLDER = and_(
+    T.c.board == bindparam("h_board"),
+    T.c.task_id == bindparam("h_task_id"),
+    T.c.run_id == bindparam("h_run_id"),
+    T.c.state == RUNNING,
+    T.c.ordinal == bindparam("h_ordinal"),
+    T.c.attempt == bindparam("h_attempt"),
+    T.c.fence == bindparam("h_fence"),
+    T.c.payload_digest == bindparam("h_payload_digest"),
+    T.c.lease_until >= bindparam("now"),
+)
+_EXTEND = db.Prepared(
+    T.update().where(_HOLDER).values(lease_until=bindparam("new_lease"), updated_at=bindparam("now"))
+)
+_STORE_RESULT = db.Prepared(
+    T.update()
+    .where(_HOLDER)
+    .values(
+        state=RowState.RESULT.value,
+        result=bindparam("new_result"),
+        result_digest=bindparam("new_result_digest"),
+        updated_at=bindparam("now"),
+        **CLEAR_BOOKKEEPING,
+    )
+)
+_HAND_BACK = db.Prepared(
+    T.update()
+    .where(_HOLDER)
+    .values(
+        state=bindparam("new_state"),
+        attempt=bindparam("new_attempt"),
+        lease_until=bindparam("now"),
+        updated_at=bindparam("now"),
+        **CLEAR_BOOKKEEPING,
+    )
+)
+_DELIVERY = db.Prepared(select(_D.c.kind, _D.c.digest).where(_D.c.delivery_id == bindparam("delivery_id")))
+_RECORD = {
+    dialect.dialect.name: db.Prepared(
+        dialect.insert(_D).on_conflict_do_nothing(index_elements=["delivery_id"]).returning(_D.c.delivery_id)
+    )
+    for dialect in (postgresql, sqlite)
+}
+
+
 def offer(
-    s: Session, ordinal: int, *, owner: str, pool_size: int, lease_seconds: float, now: float
+    s: Session | Connection, ordinal: int, *, owner: str, pool_size: int, lease_seconds: float, now: float
 ) -> Offer | None:
     """Grant the ordinal's run to the worker instance ``owner``.
 
@@ -86,39 +189,35 @@ def offer(
     """
     validate.ordinal("ordinal", ordinal, pool_size)
     validate.name("owner", owner, 128)
-    row = s.scalar(
-        select(A)
-        .where(A.ordinal == ordinal, A.state.in_([RowState.ASSIGNED.value, RowState.RUNNING.value]))
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    )
-    if row is None:
+    conn = _connection(s)
+    found = _ON_ORDINAL.run(conn, {"ordinal": ordinal}).rows
+    if not found:
         return None
-    payload = _stored_payload(row)  # before any fence: a row we cannot hand out is not granted
-    if row.state == RowState.RUNNING.value:
+    row = Held._make(found[0][:-1])
+    payload = _stored_payload(row, found[0][-1])  # before any fence: a row we cannot hand out is not granted
+    if row.state == RUNNING:
         assert row.fence is not None and row.lease_until is not None  # CHECK running_has_lease
         if row.lease_until < now:
             return None
         if row.owner == owner:
             return _grant(row, owner, row.fence, row.lease_until, payload)
-    lineage.retire_children(s, [row.id], now)
-    fence = mint_fence(s)
+    lineage.retire_children(conn, [row.id], now, actor=audit.by_worker(ordinal))  # the earlier grant's
+    fence = mint_fence(conn)
     lease_until = now + lease_seconds
-    guarded(
-        s,
-        row.id,
-        "offer",
-        {A.state: row.state, A.attempt: row.attempt, A.fence: row.fence},
-        state=RowState.RUNNING.value,
-        owner=owner,
-        fence=fence,
-        lease_until=lease_until,
-        updated_at=now,
-    )
+    granted = {"row_id": row.id, "was_state": row.state, "was_attempt": row.attempt, "was_fence": row.fence}
+    granted.update(new_owner=owner, new_fence=fence, new_lease=lease_until, now=now)
+    if _GRANT.run(conn, granted).rowcount != 1:
+        raise LostRace(
+            f"offer: row {row.id} changed under us (expected state={row.state}, "
+            f"attempt={row.attempt}, fence={row.fence})"
+        )
+    actor, detail = audit.by_worker(ordinal), f"owner {owner}"
+    grant = audit.Event(row.id, EventKind.GRANT, actor, row.state, RUNNING, row.attempt, fence, detail)
+    audit.append(conn, [grant], now=now)
     return _grant(row, owner, fence, lease_until, payload)
 
 
-def _grant(row: Assignment, owner: str, fence: int, lease_until: float, payload: dict[str, Any]) -> Offer:
+def _grant(row: Held, owner: str, fence: int, lease_until: float, payload: dict[str, Any]) -> Offer:
     return Offer(
         row_id=row.id,
         board=row.board,
@@ -134,9 +233,9 @@ def _grant(row: Assignment, owner: str, fence: int, lease_until: float, payload:
     )
 
 
-def _stored_payload(row: Assignment) -> dict[str, Any]:
+def _stored_payload(row: Held, stored: str | None) -> dict[str, Any]:
     """The row's payload, or ``CorruptRow`` if the stored text is not what ``add_run`` wrote."""
-    text = row.payload or ""  # a live row always has one (CHECK live_has_payload)
+    text = stored or ""  # a live row always has one (CHECK live_has_payload)
     if validate.sha256(text) != row.payload_digest:
         raise CorruptRow(row.id, "the stored payload does not match its digest; not granted")
     try:
@@ -148,7 +247,9 @@ def _stored_payload(row: Assignment) -> dict[str, Any]:
     return payload
 
 
-def note_corrupt(s: Session, row_id: int, problem: str, *, policy: RetryPolicy, now: float) -> None:
+def note_corrupt(
+    s: Session, row_id: int, problem: str, *, policy: RetryPolicy, now: float, actor: str
+) -> None:
     """Record an unreadable row on itself (backoff, then quarantine) so an operator sees it.
 
     A worker polls ``offer`` often: only a row whose backoff has run out takes
@@ -156,37 +257,32 @@ def note_corrupt(s: Session, row_id: int, problem: str, *, policy: RetryPolicy, 
     """
     row = get_row(s, row_id)
     if row.state == RowState.ASSIGNED.value and row.next_attempt_at <= now:
-        bookkeeping.record_failure(s, row_id, problem, policy=policy, now=now)
+        bookkeeping.record_failure(s, row_id, problem, policy=policy, now=now, actor=actor)
 
 
-def mint_fence(s: Session) -> int:
-    stmt = (
-        update(FenceSequence)
-        .where(FenceSequence.id == 1)
-        .values(value=FenceSequence.value + 1)
-        .returning(FenceSequence.value)
-    )
-    value = s.execute(stmt).scalar_one_or_none()
-    if value is None:
+def mint_fence(s: Session | Connection) -> int:
+    rows = _MINT.run(_connection(s)).rows
+    if not rows:
         raise NotFound("the fence sequence row is missing: run `poolctl init`")
-    return value
+    return int(rows[0][0])
 
 
 def heartbeat(
-    s: Session, env: Envelope, *, lease_seconds: float, now: float
+    s: Session | Connection, env: Envelope, *, lease_seconds: float, now: float
 ) -> Literal["applied", "duplicate"]:
     """Extend the lease of the exact attempt and fence the envelope names."""
-    row, seen = _admit(s, env, "heartbeat", now)
-    if seen:
+    conn = _connection(s)
+    row, digest = _admit(conn, env, "heartbeat", now)
+    if digest is None:
         return "duplicate"
-    if row.state != RowState.RUNNING.value:  # the holder of the row's result sends no new heartbeats
+    if row.state != RUNNING:  # the holder of the row's result sends no new heartbeats
         raise StaleHolder(f"state: stale holder refused: row {row.id} is {row.state}, not running")
-    _apply(s, env, now, lease_until=now + lease_seconds, updated_at=now)
-    _record_delivery(s, row.id, env, "heartbeat", now)
+    _apply(conn, _EXTEND, env, now, new_lease=now + lease_seconds)
+    _record_delivery(conn, row.id, env, "heartbeat", digest, now)
     return "applied"
 
 
-def accept_result(s: Session, env: Envelope, *, now: float) -> Literal["applied", "duplicate"]:
+def accept_result(s: Session | Connection, env: Envelope, *, now: float) -> Literal["applied", "duplicate"]:
     """Store the worker's result; the row moves to ``result`` until the board has it.
 
     The holder that delivered the row's result may deliver it again under a new
@@ -194,32 +290,25 @@ def accept_result(s: Session, env: Envelope, *, now: float) -> Literal["applied"
     content is a ``DeliveryConflict``.
     """
     assert env.result is not None
-    row, seen = _admit(s, env, "result", now)
-    if seen:
+    conn = _connection(s)
+    row, digest = _admit(conn, env, "result", now)
+    if digest is None:
         return "duplicate"
     result_digest = validate.sha256(env.result)
     if row.result_digest is not None:
         if row.result_digest != result_digest:
             raise DeliveryConflict(f"payload: row {row.id} already has a different result")
-        _record_delivery(s, row.id, env, "result", now)
+        _record_delivery(conn, row.id, env, "result", digest, now)
         return "duplicate"
-    _apply(
-        s,
-        env,
-        now,
-        state=RowState.RESULT.value,
-        result=env.result,
-        result_digest=result_digest,
-        updated_at=now,
-        **CLEAR_BOOKKEEPING,
-    )
-    lineage.retire_children(s, [row.id], now)
-    _record_delivery(s, row.id, env, "result", now)
+    _apply(conn, _STORE_RESULT, env, now, new_result=env.result, new_result_digest=result_digest)
+    _audit(conn, row.id, env, EventKind.RESULT, RowState.RESULT.value, row.attempt, now)  # then children's
+    lineage.retire_children(conn, [row.id], now, actor=audit.by_worker(env.worker_ordinal))
+    _record_delivery(conn, row.id, env, "result", digest, now)
     return "applied"
 
 
 def release(
-    s: Session, env: Envelope, *, max_attempts: int, now: float
+    s: Session | Connection, env: Envelope, *, max_attempts: int, now: float
 ) -> Literal["reoffered", "lease_failed", "duplicate"]:
     """The holder hands its run back: re-offered at once (``attempt+1``), or ``lease_failed`` at the last.
 
@@ -227,32 +316,27 @@ def release(
     release. Its replay stays a ``duplicate`` until the run is granted again
     under a newer fence; after that the old fence is refused like any other.
     """
-    row, seen = _admit(s, env, "release", now)
-    if seen:
+    conn = _connection(s)
+    row, digest = _admit(conn, env, "release", now)
+    if digest is None:
         return "duplicate"
-    if row.state != RowState.RUNNING.value:  # a row holding a result is the results pass's now
+    if row.state != RUNNING:  # a row holding a result is the results pass's now
         raise StaleHolder(f"state: stale holder refused: row {row.id} is {row.state}, not running")
     last = row.attempt >= max_attempts
-    _apply(
-        s,
-        env,
-        now,
-        state=RowState.LEASE_FAILED.value if last else RowState.ASSIGNED.value,
-        attempt=row.attempt if last else row.attempt + 1,
-        lease_until=now,
-        updated_at=now,
-        **CLEAR_BOOKKEEPING,
-    )
-    lineage.retire_children(s, [row.id], now)
-    _record_delivery(s, row.id, env, "release", now)
+    to = RowState.LEASE_FAILED.value if last else RowState.ASSIGNED.value
+    attempt = row.attempt if last else row.attempt + 1
+    _apply(conn, _HAND_BACK, env, now, new_state=to, new_attempt=attempt)
+    _audit(conn, row.id, env, EventKind.RELEASE, to, attempt, now)  # before its children's: the trail chains
+    lineage.retire_children(conn, [row.id], now, actor=audit.by_worker(env.worker_ordinal))
+    _record_delivery(conn, row.id, env, "release", digest, now)
     return "lease_failed" if last else "reoffered"
 
 
-def _admit(s: Session, env: Envelope, kind: str, now: float) -> tuple[Assignment, bool]:
+def _admit(conn: Connection, env: Envelope, kind: str, now: float) -> tuple[Held, str | None]:
     """Check before replay: lock the run's row, check the sender's authority, then the delivery id.
 
-    Returns the locked row and whether the delivery is a replay (``duplicate``).
-    Authority, in order:
+    Returns the locked row and the envelope's digest, or ``None`` for a replay
+    (``duplicate``). Authority, in order:
     - ``running``: the holder of the current attempt, fence and live lease;
     - a row holding a result (``result``, or terminal with its digest kept):
       the fence that delivered it, for its own replays and its result again;
@@ -264,35 +348,40 @@ def _admit(s: Session, env: Envelope, kind: str, now: float) -> tuple[Assignment
 
     Locking first makes a concurrent replay wait for the delivery being applied
     and then find it: ``duplicate`` on every backend (PostgreSQL ``FOR UPDATE``;
-    SQLite's ``BEGIN IMMEDIATE`` already serialises writers).
+    SQLite's ``BEGIN IMMEDIATE`` already serialises writers). So the delivery is
+    read by a statement of its own, after the lock: one joined to the locking
+    read would see PostgreSQL's snapshot from before the wait.
     """
-    row = s.scalar(
-        select(A)
-        .where(A.board == env.board, A.task_id == env.task_id, A.run_id == env.run_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    )
-    if row is None:
-        if s.scalar(select(func.count()).select_from(A).where(A.board == env.board)) == 0:
+    found = _BY_IDENTITY.run(conn, {"board": env.board, "task_id": env.task_id, "run_id": env.run_id}).rows
+    if not found:
+        if not _ANY_ON_BOARD.run(conn, {"board": env.board}).rows:
             raise NotFound(f"board: unknown board {env.board!r}")
         raise NotFound(f"task_id/run_id: no assignment for {env.board}/{env.task_id} run {env.run_id}")
-    if row.state == RowState.RUNNING.value:
+    row = Held._make(found[0])
+    digest = env.digest()
+    if row.state == RUNNING:
         _check_holder(row, env, now, lease=True)
     elif row.result_digest is not None:
         _check_holder(row, env, now, lease=False)
-    elif kind == "release" and row.fence == env.fence and _released_by(s, env):
-        return row, True
+    elif kind == "release" and row.fence == env.fence and _known(conn, env) == ("release", digest):
+        return row, None
     else:
         _stale("state", f"row {row.id} is {row.state}, not running")
-    return row, _seen(s, env, kind)
+    known = _known(conn, env)
+    if known is None:
+        return row, digest
+    if known != (kind, digest):
+        raise DeliveryConflict(f"delivery_id: {env.delivery_id!r} was already used with other content")
+    return row, None
 
 
-def _released_by(s: Session, env: Envelope) -> bool:
-    known = s.get(Delivery, env.delivery_id)
-    return known is not None and known.kind == "release" and known.digest == env.digest()
+def _known(conn: Connection, env: Envelope) -> tuple[str, str] | None:
+    """The kind and digest of the delivery recorded under the envelope's id, if any."""
+    known = _DELIVERY.run(conn, {"delivery_id": env.delivery_id}).rows
+    return (known[0][0], known[0][1]) if known else None
 
 
-def _check_holder(row: Assignment, env: Envelope, now: float, *, lease: bool) -> None:
+def _check_holder(row: Held, env: Envelope, now: float, *, lease: bool) -> None:
     checks = [
         ("worker_ordinal", row.ordinal == env.worker_ordinal, f"the run is on ordinal {row.ordinal}"),
         ("attempt", row.attempt == env.attempt, f"current attempt is {row.attempt}"),
@@ -309,51 +398,48 @@ def _stale(field: str, why: str) -> NoReturn:
     raise StaleHolder(f"{field}: stale holder refused: {why}")
 
 
-def _apply(s: Session, env: Envelope, now: float, **values: Any) -> None:
-    """The holder's write: one UPDATE guarded on the whole holder identity, its result checked."""
-    stmt = update(A).where(*_holder_matches(env, now)).values(**values)
-    if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
+def _apply(conn: Connection, stmt: db.Prepared, env: Envelope, now: float, **values: Any) -> None:
+    """The holder's write (a statement guarded by ``_HOLDER``); ``LostRace`` if it matched nothing."""
+    holder = {
+        "h_board": env.board,
+        "h_task_id": env.task_id,
+        "h_run_id": env.run_id,
+        "h_ordinal": env.worker_ordinal,
+        "h_attempt": env.attempt,
+        "h_fence": env.fence,
+        "h_payload_digest": env.payload_digest,
+        "now": now,
+    }
+    if stmt.run(conn, {**holder, **values}).rowcount != 1:
         raise LostRace(f"{env.board}/{env.task_id} run {env.run_id} changed concurrently")
 
 
-def _holder_matches(env: Envelope, now: float) -> list[Any]:
-    return [
-        A.board == env.board,
-        A.task_id == env.task_id,
-        A.run_id == env.run_id,
-        A.state == RowState.RUNNING.value,
-        A.ordinal == env.worker_ordinal,
-        A.attempt == env.attempt,
-        A.fence == env.fence,
-        A.payload_digest == env.payload_digest,
-        A.lease_until >= now,
-    ]
-
-
-def _seen(s: Session, env: Envelope, kind: str) -> bool:
-    known = s.get(Delivery, env.delivery_id)
-    if known is None:
-        return False
-    if known.kind != kind or known.digest != env.digest():
-        raise DeliveryConflict(f"delivery_id: {env.delivery_id!r} was already used with other content")
-    return True
-
-
-def _record_delivery(s: Session, row_id: int, env: Envelope, kind: str, now: float) -> None:
+def _record_delivery(
+    conn: Connection, row_id: int, env: Envelope, kind: str, digest: str, now: float
+) -> None:
     values = {
         "delivery_id": env.delivery_id,
         "assignment_id": row_id,
         "kind": kind,
-        "digest": env.digest(),
+        "digest": digest,
         "created_at": now,
     }
-    dialect = s.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    stmt = (
-        insert(Delivery)
-        .values(**values)
-        .on_conflict_do_nothing(index_elements=["delivery_id"])
-        .returning(Delivery.delivery_id)
-    )
-    if s.execute(stmt).scalar_one_or_none() is None:
+    if not _RECORD[conn.dialect.name].run(conn, values).rows:
         raise TransientError(f"delivery_id: {env.delivery_id!r} is being delivered concurrently; retry")
+
+
+def _audit(
+    conn: Connection, row_id: int, env: Envelope, kind: EventKind, to: str, attempt: int, now: float
+) -> None:
+    """The holder's transition, as one audit event in its transaction.
+
+    Like every event, it carries the row as the transition left it (``to``, ``attempt``;
+    the fence stays the holder's), so a row's trail replays to its state.
+    """
+    actor, detail = audit.by_worker(env.worker_ordinal), f"delivery {env.delivery_id}"
+    event = audit.Event(row_id, kind, actor, RUNNING, to, attempt, env.fence, detail)
+    audit.append(conn, [event], now=now)
+
+
+def _connection(s: Session | Connection) -> Connection:
+    return s.connection() if isinstance(s, Session) else s

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from core.settings import Settings
+from store.queries import Due
 
 if TYPE_CHECKING:
     from tasks.plane import Plane
@@ -103,27 +104,29 @@ class Pass:
 # drains as fast as the workers go, while one tick's work stays bounded.
 MAX_PAGES = 100
 
-DueQuery = Callable[..., list[int]]  # (session, *, now, limit, offset) -> row ids
+DueQuery = Callable[..., list[Due]]  # (session, *, now, limit, after) -> one page of due rows
 
 
 def due_rows(pass_name: str, due: DueQuery) -> Finder:
     """A scanner over one indexed due-rows query, paging on while pages come back full.
 
-    Rows already pending are skipped (their markers are set), so a backlog at
-    the head of the index never hides the due rows behind it and no key is
-    enqueued twice; paging is bounded by ``MAX_PAGES``.
+    Pages are keyset pages (each starts past the last row of the one before), so
+    rows that workers finish meanwhile shift nothing and no due row is skipped
+    until the next tick. Rows already pending are skipped (their markers are set),
+    so no key is enqueued twice; paging is bounded by ``MAX_PAGES``.
     """
 
     def find(plane: Plane, now: float, submit: Submit) -> int:
         limit = plane.settings.scan_limit
         enqueued = 0
-        for page in range(MAX_PAGES):
+        after = None
+        for _ in range(MAX_PAGES):
             with plane.store.session(readonly=True) as s:
-                keys = due(s, now=now, limit=limit, offset=page * limit)
-            enqueued += len(submit(pass_name, keys))
-            if len(keys) < limit:
+                rows = due(s, now=now, limit=limit, after=after)
+            enqueued += len(submit(pass_name, [row.id for row in rows]))
+            if len(rows) < limit:
                 break
+            after = rows[-1]
         return enqueued
 
     return find
-

@@ -32,13 +32,15 @@ from core.settings import Settings
 from store import PoolStore
 
 # A whole batch's locks in one round trip and one command: one token per batch, the
-# indexes (1-based) of the keys it won come back. Released only where the token still holds.
+# indexes (1-based) of the keys it did NOT win come back (in a storm, none: a reply of a
+# thousand won indexes cost more to parse than the locking). Released only where the
+# token still holds.
 _LOCK = """
-local won = {}
+local busy = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('set', key, ARGV[1], 'NX', 'PX', ARGV[2]) then won[#won + 1] = i end
+  if not redis.call('set', key, ARGV[1], 'NX', 'PX', ARGV[2]) then busy[#busy + 1] = i end
 end
-return won
+return busy
 """
 _UNLOCK = """
 local n = 0
@@ -47,13 +49,13 @@ for _, key in ipairs(KEYS) do
 end
 return n
 """
-# Pending markers likewise: set where absent, the indexes of the fresh ones come back.
+# Pending markers likewise: set where absent, the indexes of those already pending come back.
 _MARK = """
-local fresh = {}
+local pending = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('set', key, '1', 'NX', 'EX', ARGV[1]) then fresh[#fresh + 1] = i end
+  if not redis.call('set', key, '1', 'NX', 'EX', ARGV[1]) then pending[#pending + 1] = i end
 end
-return fresh
+return pending
 """
 
 
@@ -101,8 +103,8 @@ class RedisCoordination:
             return []
         token = uuid.uuid4().hex
         with _redis_errors():
-            won = set(self._lock(keys=[f"{self.prefix}:lock:{k}" for k in keys], args=[token, self.lock_ms]))
-        return [token if i in won else None for i in range(1, len(keys) + 1)]
+            busy = set(self._lock(keys=[f"{self.prefix}:lock:{k}" for k in keys], args=[token, self.lock_ms]))
+        return [None if i in busy else token for i in range(1, len(keys) + 1)]
 
     def unlock_many(self, held: dict[str, str]) -> None:
         by_token: dict[str, list[str]] = {}
@@ -118,8 +120,8 @@ class RedisCoordination:
             return []
         names = [f"{self.prefix}:pending:{pass_name}:{k}" for k in keys]
         with _redis_errors():
-            fresh = self._mark(keys=names, args=[self.pending_s])
-        return [keys[i - 1] for i in fresh]
+            pending = set(self._mark(keys=names, args=[self.pending_s]))
+        return [k for i, k in enumerate(keys, 1) if i not in pending]
 
     def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None:
         names = [f"{self.prefix}:pending:{pass_name}:{key}" for key in keys]

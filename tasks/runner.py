@@ -6,7 +6,7 @@ other failure is this key's alone and the next key goes on regardless.
 
 Store-only passes take a whole batch in one transaction with one set-based
 statement (one commit and one statement instead of one per row); where the
-statement fails it is split in halves down to the failing keys, so a poisoned
+statement fails it is split in ``SPLIT`` parts down to the failing keys, so a poisoned
 row never fails or delays its neighbours. If the commit fails, every key of
 the batch comes back as transient and is retried alone.
 """
@@ -72,6 +72,11 @@ class BatchResult:
             parts.append(f"transient={len(self.transient)}")
         return " ".join(parts)
 
+
+# A failed set statement is retried as this many parts, recursively. Halves cost ~40% more
+# statements, and more rows in failing statements, on a batch of 1,000 with 1% to 10%
+# poisoned rows, clustered or scattered; every failed statement is pure cost.
+SPLIT = 16
 
 # Outcomes that leave the key's failure streak open: its report is not forgotten.
 UNSETTLED = frozenset({Outcome.FAILED, Outcome.QUARANTINED, Outcome.DEFERRED, Outcome.RETRY_LATER})
@@ -156,7 +161,7 @@ def _apply(
     done: list[tuple[Key, Outcome]],
     failed: list[tuple[Key, BaseException]],
 ) -> None:
-    """Apply the pass to ``keys`` at once; if that fails, to each half, down to the failing keys.
+    """Apply the pass to ``keys`` at once; if that fails, to ``SPLIT`` parts, down to the failing keys.
 
     A failed statement changes nothing: SQLite undoes it by itself (statement
     atomicity, which serves as the savepoint); other databases get an explicit
@@ -182,8 +187,8 @@ def _apply(
             else:
                 failed.append((keys[0], err))  # recorded on its row after the commit
             return
-        half = len(keys) // 2
-        _apply(conn, plane, p, keys[:half], now, abort, done, failed)
-        _apply(conn, plane, p, keys[half:], now, abort, done, failed)
+        size = -(-len(keys) // SPLIT)
+        for start in range(0, len(keys), size):
+            _apply(conn, plane, p, keys[start : start + size], now, abort, done, failed)
         return
     done.extend((k, got.get(k, Outcome.LOST_RACE)) for k in keys)

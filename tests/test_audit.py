@@ -8,6 +8,7 @@ trail, which the property below allows only where such a step happened.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 from collections.abc import Iterator
@@ -40,7 +41,6 @@ from tests.factories import NOW, OWNER, RowFactory, envelope, given_running, gra
 from tests.test_cli import poolctl
 
 MATERIALIZE, EXPIRE = audit.by_pass("materialize"), audit.by_pass("expire")
-WIRED = frozenset(EventKind) - {EventKind.GRANT, EventKind.RESULT, EventKind.RELEASE}  # not store.worker's
 
 
 def trail(store: PoolStore, row_id: int) -> list[dict[str, Any]]:
@@ -49,12 +49,8 @@ def trail(store: PoolStore, row_id: int) -> list[dict[str, Any]]:
 
 
 def brief(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """(kind, from, to, attempt, fence, actor) of each event this branch writes."""
-    return [
-        (e["kind"], e["from"], e["to"], e["attempt"], e["fence"], e["actor"])
-        for e in events
-        if e["kind"] in WIRED
-    ]
+    """(kind, from, to, attempt, fence, actor) of each event."""
+    return [(e["kind"], e["from"], e["to"], e["attempt"], e["fence"], e["actor"]) for e in events]
 
 
 def event_count(store: PoolStore) -> int:
@@ -100,8 +96,11 @@ def test_expiry_records_the_fenced_out_holder_then_the_last_attempt(store: PoolS
     second = store.offer(0, owner=OWNER, now=first.lease_until + 2)
     assert second is not None
     expired(store, [first.row_id], second.lease_until + 1, max_attempts=2)
+    worker = audit.by_worker(0)
     assert brief(trail(store, first.row_id))[1:] == [
+        ("grant", "assigned", "running", 1, first.fence, worker),
         ("expiry", "running", "assigned", 2, first.fence, EXPIRE),
+        ("grant", "assigned", "running", 2, second.fence, worker),
         ("expiry", "running", "lease_failed", 2, second.fence, EXPIRE),
     ]
 
@@ -212,7 +211,7 @@ def test_retiring_children_is_one_event_per_run_that_had_any(store: PoolStore) -
         transitions.settle(
             s, single.row_id, RowState.STALE, expect_state="running", expect_attempt=1, now=NOW, actor=by
         )
-    assert [e["kind"] for e in trail(store, alone.row_id)] == ["claim", "expiry"]
+    assert [e["kind"] for e in trail(store, alone.row_id)] == ["claim", "grant", "expiry"]
     *_, expiry, retired = trail(store, parent.row_id)
     assert expiry["kind"] == "expiry"
     assert brief([retired]) == [("children_retired", "assigned", "assigned", 2, parent.fence, EXPIRE)]
@@ -247,21 +246,26 @@ def test_passes_and_operator_write_attributed_events_of_the_most_specific_kind(
     assert got.settled is not None
     operator.cancel(kanban, store, "b", poisoned.task_id, late)
 
+    worker = audit.by_worker(done.ordinal)
     assert brief(trail(store, done.row_id)) == [
         ("claim", None, "assigned", 1, None, MATERIALIZE),
+        ("grant", "assigned", "running", 1, done.fence, worker),
+        ("result", "running", "result", 1, done.fence, worker),
         ("settle", "result", "finalized", 1, done.fence, "pass:results"),
     ]
     assert trail(store, done.row_id)[-1]["detail"] == "board: completed the run with the result"
     *_, abandoned = trail(store, hung.row_id)
     assert brief([abandoned]) == [("abandon", "assigned", "stale", 2, hung.fence, "operator")]
     assert abandoned["detail"] == "abandoned by operator: stuck"
-    assert [e["kind"] for e in trail(store, poisoned.row_id)] == ["claim", "expiry", "failure", "cancel"]
-    assert trail(store, poisoned.row_id)[2]["actor"] == "pass:results"
+    kinds = ["claim", "grant", "expiry", "failure", "cancel"]
+    assert [e["kind"] for e in trail(store, poisoned.row_id)] == kinds
+    assert trail(store, poisoned.row_id)[3]["actor"] == "pass:results"
     for row in (hung.row_id, poisoned.row_id):  # one event per transition: no settle beside it
         assert "settle" not in [e["kind"] for e in trail(store, row)]
     with store.session(readonly=True) as s:
         actors = set(s.scalars(text("SELECT DISTINCT actor FROM audit_events")))
-    assert actors == {MATERIALIZE, EXPIRE, "pass:results", "operator"}  # never audit.UNATTRIBUTED
+    workers = {audit.by_worker(r.ordinal) for r in (done, hung, poisoned)}
+    assert actors == {MATERIALIZE, EXPIRE, "pass:results", "operator", *workers}  # never UNATTRIBUTED
 
 
 # --- retention --------------------------------------------------------------------
@@ -308,9 +312,10 @@ def test_history_prints_the_timeline_and_json(tmp_path: Path, cli_store: PoolSto
     data = json.loads(poolctl(tmp_path, "rows", str(offer.row_id), "--history", "--json").stdout)
     assert [(e["kind"], e["from"], e["to"], e["attempt"]) for e in data["history"]] == [
         ("claim", None, "assigned", 1),
+        ("grant", "assigned", "running", 1),
         ("expiry", "running", "assigned", 2),
     ]
-    assert data["state"] == "assigned" and data["history"][1]["fence"] == offer.fence
+    assert data["state"] == "assigned" and data["history"][2]["fence"] == offer.fence
     quiet = poolctl(tmp_path, "rows", "2", "--history")
     assert quiet.returncode == 0 and "no recorded events" in quiet.stdout
     assert json.loads(poolctl(tmp_path, "rows", "2", "--history", "--json").stdout)["history"] == []
@@ -343,8 +348,7 @@ class TrailMachine(RuleBasedStateMachine):
     """Random transitions; after each step every row's trail is what the model expects, and replays.
 
     ``expected[row]`` is the model's own account of the events (kind, from, to,
-    attempt, fence, actor); ``gaps[row]`` the positions before which a worker
-    step (grant, result, release: ``store.worker``, not wired here) changed the row.
+    attempt, fence, actor), worker steps (grant, result, release) included.
     """
 
     store: ClassVar[PoolStore]  # the test's, on SQLite or PostgreSQL: emptied for each example
@@ -361,7 +365,6 @@ class TrailMachine(RuleBasedStateMachine):
         self.rows: list[int] = []
         self.offers: dict[int, Offer] = {}
         self.expected: dict[int, list[tuple[Any, ...]]] = {}
-        self.gaps: dict[int, set[int]] = {}
 
     def _row(self, row_id: int) -> dict[str, Any]:
         return row_state(self.store, row_id)
@@ -370,15 +373,6 @@ class TrailMachine(RuleBasedStateMachine):
         """One of the rows, and how it stands before the step."""
         row_id = data.draw(st.sampled_from(self.rows))
         return row_id, self._row(row_id)
-
-    def _worker_step(self, row_id: int, before: dict[str, Any]) -> None:
-        after = self._row(row_id)
-        if (after["state"], after["attempt"], after["fence"]) != (
-            before["state"],
-            before["attempt"],
-            before["fence"],
-        ):
-            self.gaps[row_id].add(len(self.expected[row_id]))
 
     @rule(ordinal=st.integers(0, POOL - 1))
     def add(self, ordinal: int) -> None:
@@ -401,7 +395,6 @@ class TrailMachine(RuleBasedStateMachine):
             return
         self.rows.append(row_id)
         self.expected[row_id] = [("claim", None, "assigned", 1, None, MATERIALIZE)]
-        self.gaps[row_id] = set()
 
     @rule(ordinal=st.integers(0, POOL - 1), owner=st.sampled_from([OWNER, "w-2"]))
     def offer(self, ordinal: int, owner: str) -> None:
@@ -414,24 +407,35 @@ class TrailMachine(RuleBasedStateMachine):
         got = self.store.offer(ordinal, owner=owner, now=self.now)
         if got is not None and before is not None:
             self.offers[got.row_id] = got
-            self._worker_step(got.row_id, before)
+            if got.fence != before["fence"]:  # a new grant; the same owner asking again is no transition
+                by = audit.by_worker(ordinal)
+                event = ("grant", before["state"], "running", got.attempt, got.fence, by)
+                self.expected[got.row_id].append(event)
 
     @precondition(lambda self: self.offers)
     @rule(data=st.data(), release=st.booleans())
     def deliver(self, data: st.DataObject, release: bool) -> None:
         offer = data.draw(st.sampled_from(sorted(self.offers.values(), key=lambda o: o.row_id)))
-        before = self._row(offer.row_id)
         self.runs += 1
         try:
             if release:
-                self.store.release(envelope(offer, f"d{self.runs}"), now=self.now)
+                got = self.store.release(envelope(offer, f"d{self.runs}"), now=self.now)
             else:
-                self.store.accept_result(
+                got = self.store.accept_result(
                     envelope(offer, f"d{self.runs}", payload={"status": "done"}), now=self.now
                 )
         except PoolError:
-            pass
-        self._worker_step(offer.row_id, before)
+            return  # refused: no event
+        if got == "duplicate":  # the holder's result again, under a new delivery id: no transition
+            return
+        to, attempt = {
+            "applied": ("result", offer.attempt),
+            "reoffered": ("assigned", offer.attempt + 1),
+            "lease_failed": ("lease_failed", offer.attempt),
+        }[got]
+        kind = "release" if release else "result"
+        by = audit.by_worker(offer.ordinal)
+        self.expected[offer.row_id].append((kind, "running", to, attempt, offer.fence, by))
 
     @rule(dt=st.sampled_from([0.0, 10.0, LEASE + 1]))
     def tick(self, dt: float) -> None:
@@ -507,21 +511,14 @@ class TrailMachine(RuleBasedStateMachine):
         for row_id in self.rows:
             events = trail(self.store, row_id)
             assert brief(events) == self.expected[row_id]
-            row, gaps = self._row(row_id), self.gaps[row_id]
-            if any(e["kind"] not in WIRED for e in events):  # store.worker records its steps: no gap
-                mine, gaps = events, set()
-            else:
-                mine = [e for e in events if e["kind"] in WIRED]
-            for i in range(1, len(mine)):
-                if i not in gaps:
-                    assert mine[i - 1]["to"] == mine[i]["from"], (row_id, mine)
-            if len(mine) not in gaps:
-                last = mine[-1]
-                assert (last["to"], last["attempt"], last["fence"]) == (
-                    row["state"],
-                    row["attempt"],
-                    row["fence"],
-                )
+            for before, after in itertools.pairwise(events):
+                assert before["to"] == after["from"], (row_id, events)
+            row, last = self._row(row_id), events[-1]
+            assert (last["to"], last["attempt"], last["fence"]) == (
+                row["state"],
+                row["attempt"],
+                row["fence"],
+            )
 
 
 def test_the_trail_replays_to_each_rows_state(store: PoolStore) -> None:

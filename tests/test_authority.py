@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from core.errors import StaleHolder, TransientError
-from store import Envelope, PoolStore, transitions, worker
+from store import Envelope, PoolStore, audit, transitions, worker
 from store.models import RowState
 from tests.factories import NOW, OWNER, envelope, given_running, row_state
 
@@ -25,6 +25,14 @@ DONE = {"status": "done"}
 def deliveries(store: PoolStore) -> list[Any]:
     with store.session(readonly=True) as s:
         return list(s.execute(text("SELECT * FROM deliveries ORDER BY delivery_id")))
+
+
+def holder_events(store: PoolStore, row_id: int) -> list[tuple[Any, ...]]:
+    """The row's audit events written by the worker protocol (others come from passes and operators)."""
+    with store.session(readonly=True) as s:
+        events = audit.history(s, row_id)
+    fields = ("kind", "from", "to", "attempt", "fence", "actor")
+    return [tuple(e[f] for f in fields) for e in events if e["kind"] in ("grant", "result", "release")]
 
 
 def expire(store: PoolStore, row_id: int, now: float) -> RowState:
@@ -264,3 +272,36 @@ def test_nothing_is_granted_when_the_store_cannot_be_reached(url: str) -> None:
             store.offer(0, owner=OWNER, now=NOW)
     finally:
         store.engine.dispose()
+
+
+# --- audit trail -----------------------------------------------------------------
+
+
+def test_a_grant_and_a_result_are_audited_once_and_heartbeats_and_replays_are_not(store: PoolStore) -> None:
+    held = given_running(store)
+    assert store.offer(0, owner=OWNER, now=NOW + 1) == held  # the same owner asking again: no new fence
+    assert store.heartbeat(envelope(held, "h1"), now=NOW + 1) == "applied"
+    assert store.accept_result(envelope(held, "r1", payload=DONE), now=NOW + 2) == "applied"
+    assert store.accept_result(envelope(held, "r1", payload=DONE), now=NOW + 3) == "duplicate"
+    assert store.accept_result(envelope(held, "r2", payload=DONE), now=NOW + 3) == "duplicate"
+
+    assert holder_events(store, held.row_id) == [
+        ("grant", "assigned", "running", 1, held.fence, "worker:0"),
+        ("result", "running", "result", 1, held.fence, "worker:0"),
+    ]
+
+
+def test_a_restart_and_a_release_are_audited_and_a_refused_release_is_not(store: PoolStore) -> None:
+    old = given_running(store)
+    new = store.offer(0, owner="w-2", now=NOW + 1)
+    assert new is not None
+    with pytest.raises(StaleHolder):
+        store.release(envelope(old, "x0"), now=NOW + 2)
+    assert store.release(envelope(new, "x1"), now=NOW + 2) == "reoffered"
+    assert store.release(envelope(new, "x1"), now=NOW + 3) == "duplicate"
+
+    assert holder_events(store, old.row_id) == [
+        ("grant", "assigned", "running", 1, old.fence, "worker:0"),
+        ("grant", "running", "running", 1, new.fence, "worker:0"),
+        ("release", "running", "assigned", 2, new.fence, "worker:0"),  # the row as it left it
+    ]

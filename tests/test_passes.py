@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,9 +12,9 @@ from sqlalchemy import text
 
 from board import FlakyBoard, KanbanBoard, TaskStatus
 from core.errors import CorruptRow, TransientError
-from store import queries
+from store import queries, transitions
 from store.models import RowState
-from tasks import failures, runner
+from tasks import failures, registry, runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
 from tests.factories import NOW, OWNER, RowFactory, row_state, scanned
@@ -184,6 +186,23 @@ def test_expire_leaves_a_live_lease_alone(plane: Plane, kanban: KanbanBoard) -> 
     lease_until = row_state(plane.store, row)["lease_until"]
     assert runner.run_key(plane, "expire", row, lease_until) == "lost_race"
     assert row_state(plane.store, row)["state"] == "running"
+
+
+def test_the_expire_scanner_finds_every_due_row_while_workers_finish_earlier_pages(
+    plane: Plane, make_row: RowFactory
+) -> None:
+    rows = [make_row(RowState.RUNNING, ordinal=i, lease_until=NOW - 10 + i) for i in range(7)]
+    paged = replace(plane, settings=replace(plane.settings, scan_limit=2))
+    submitted: list[int] = []
+
+    def done_at_once(pass_name: str, keys: Sequence[int]) -> list[int]:  # before the next page is read
+        submitted.extend(keys)
+        with plane.store.session() as s:
+            transitions.expire_many(s, keys, max_attempts=plane.settings.max_attempts, now=NOW)
+        return list(keys)
+
+    assert registry.get("expire").find(paged, NOW, done_at_once) == 7
+    assert submitted == rows  # oldest lease first, none skipped, none twice
 
 
 # --- recover lease failure -------------------------------------------------------

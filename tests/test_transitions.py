@@ -248,8 +248,8 @@ def test_expire_due_rows_are_exactly_those_whose_lease_ended(store: PoolStore, m
     make_row(RowState.ASSIGNED, ordinal=2)
     make_row(RowState.LEASE_FAILED, ordinal=0, lease_until=NOW - 100)
     with store.session() as s:
-        assert queries.due_expired(s, now=NOW, limit=10) == [due]
-        assert queries.due_expired(s, now=NOW + 1, limit=10) == [due, at_cutoff]
+        assert [d.id for d in queries.due_expired(s, now=NOW, limit=10)] == [due]
+        assert [d.id for d in queries.due_expired(s, now=NOW + 1, limit=10)] == [due, at_cutoff]
 
 
 def test_expire_reoffers_until_the_last_attempt_then_lease_failed(
@@ -337,9 +337,11 @@ def test_failures_back_off_then_quarantine_and_requeue_resets(
     assert f.quarantined and delays[2] == settings.quarantine_retry_seconds
     with store.session() as s:
         assert queries.due_in_state(s, RowState.LEASE_FAILED, now=NOW, limit=5) == []
-        assert queries.due_in_state(s, RowState.LEASE_FAILED, now=f.next_attempt_at, limit=5) == [row]
+        assert [
+            d.id for d in queries.due_in_state(s, RowState.LEASE_FAILED, now=f.next_attempt_at, limit=5)
+        ] == [row]
         transitions.requeue(s, row, now=NOW)
-        assert queries.due_in_state(s, RowState.LEASE_FAILED, now=NOW, limit=5) == [row]
+        assert [d.id for d in queries.due_in_state(s, RowState.LEASE_FAILED, now=NOW, limit=5)] == [row]
     got = row_state(store, row)
     assert got["failures"] == 0 and not got["quarantined"] and got["state"] == "lease_failed"
 

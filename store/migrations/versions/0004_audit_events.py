@@ -34,15 +34,12 @@ def upgrade() -> None:
     sa.Column('detail', sa.Text(), nullable=True),
     sa.CheckConstraint('kind IN (' + ', '.join(f"'{k}'" for k in KINDS) + ')', name=op.f('ck_audit_events_kind')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_audit_events')),
-    sqlite_autoincrement=True,
     )
     with op.batch_alter_table('audit_events', schema=None) as batch_op:
         batch_op.create_index('ix_audit_events_row_id', ['row_id', 'id'], unique=False)
-        batch_op.create_index('ix_audit_events_at', ['at'], unique=False)
 
 
 def downgrade() -> None:
     with op.batch_alter_table('audit_events', schema=None) as batch_op:
-        batch_op.drop_index('ix_audit_events_at')
         batch_op.drop_index('ix_audit_events_row_id')
     op.drop_table('audit_events')
