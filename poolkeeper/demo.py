@@ -160,6 +160,10 @@ class Demo:
         self.server = ServeProc(env, self.workdir, secret=secret)  # known before it starts: always stopped
         self.server.wait_ready()
         self.console.print(f"wire protocol: {self.server.url} (docs at {self.server.url}/docs)")
+        self.console.print(
+            f"console: {self.server.url}/ui (operator token for this run: {tokens.operator_token(secret)})",
+            soft_wrap=True,
+        )
         self.http = HttpPool(
             self.server.url,
             {o: tokens.ordinal_token(secret, o) for o in range(settings.pool_size)},

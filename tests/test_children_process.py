@@ -201,7 +201,7 @@ def _refused(log: Path) -> Callable[[], bool]:
 
 def _due(store: PoolStore) -> list[int]:
     with store.session(readonly=True) as s:
-        return queries.due_expired(s, now=time.time(), limit=10)
+        return [d.id for d in queries.due_expired(s, now=time.time(), limit=10)]
 
 
 @pytest.mark.parametrize(
