@@ -95,6 +95,16 @@ def text(field: str, value: object) -> str:
     return value
 
 
+def storable(value: str, limit: int) -> str:
+    """``value`` cut to ``limit`` characters that any database holds: NUL and lone surrogates replaced.
+
+    For text the store writes from what it caught rather than what it was given (an
+    error's message, evidence quoted from elsewhere): never refused, only made safe.
+    """
+    cut = value[:limit].replace("\x00", "\ufffd")
+    return cut.encode("utf-8", "replace").decode("utf-8")
+
+
 def run_payload(*, board: str, task_id: str, run_id: int, title: str, body: str) -> dict[str, Any]:
     """What a pool worker receives for one run of a board task; ``InvalidInput`` if it cannot be built.
 

@@ -95,7 +95,7 @@ def abandon(board: Board, store: PoolStore, row_id: int, reason: str, now: float
     with store.session() as s:
         rows.get_row(s, row_id, for_update=True)
         try:
-            lineage.reset(s, row_id, now=now)  # again under the row's lock; discards `unknown` children
+            discarded = lineage.reset(s, row_id, now=now)  # again under the row's lock: `unknown` children
         except LineageLive as err:  # a child registered since the check: the board has parked the run
             raise LineageLive(f"{err}; the board task is parked, so reconcile settles the row") from None
         settled = transitions.settle_run(
@@ -107,7 +107,8 @@ def abandon(board: Board, store: PoolStore, row_id: int, reason: str, now: float
             states=NOT_TERMINAL,
             now=now,
             actor=audit.OPERATOR,
-            evidence=why if parked else f"{why} (the board had already moved the run on)",
+            evidence=(why if parked else f"{why} (the board had already moved the run on)")
+            + (f"; {discarded} unknown child execution(s) discarded" if discarded else ""),
             kind=EventKind.ABANDON,
         )
     log.warning(

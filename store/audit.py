@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, cast
 from sqlalchemy import Connection, Table, bindparam, delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from core import db
+from core import db, validate
 from store.models import Assignment, AuditEvent, EventKind
 
 E = AuditEvent
@@ -81,7 +81,7 @@ def append(conn: Session | Connection, events: Sequence[Event], *, now: float) -
             "to_state": e.to_state,
             "attempt": e.attempt,
             "fence": e.fence,
-            "actor": e.actor[:MAX_ACTOR_CHARS],
+            "actor": validate.storable(e.actor, MAX_ACTOR_CHARS),
             "detail": _bounded(e.detail),
         }
         for e in events
@@ -90,7 +90,7 @@ def append(conn: Session | Connection, events: Sequence[Event], *, now: float) -
 
 
 def _bounded(detail: str | None) -> str | None:
-    return None if detail is None else detail[:MAX_DETAIL_CHARS]
+    return None if detail is None else validate.storable(detail, MAX_DETAIL_CHARS)
 
 
 _A = cast(Table, Assignment.__table__).c
@@ -127,7 +127,7 @@ def observed(
     """
     if not rows:
         return
-    common = {"now": now, "kind": kind.value, "actor": actor[:MAX_ACTOR_CHARS]}
+    common = {"now": now, "kind": kind.value, "actor": validate.storable(actor, MAX_ACTOR_CHARS)}
     params = [{**common, "row_id": r, "from_state": f, "detail": _bounded(d)} for r, f, d in rows]
     _conn(conn).execute(_OBSERVED, params)
 
@@ -149,7 +149,7 @@ def expired(conn: Session | Connection, row_ids: Sequence[int], *, actor: str, n
     c = _conn(conn)
     p = db.placeholder(c)
     sql = _EXPIRED_SQL.format(p=p, ids=",".join([p] * len(row_ids)))
-    db.raw(c, sql, (now, actor[:MAX_ACTOR_CHARS], *row_ids))
+    db.raw(c, sql, (now, validate.storable(actor, MAX_ACTOR_CHARS), *row_ids))
 
 
 def history(s: Session, row_id: int, *, limit: int | None = None) -> list[dict[str, Any]]:
@@ -182,8 +182,13 @@ def collect(s: Session, *, cutoff: float, batch: int) -> int:
     the batch is read along it and stops at the first event that is not old yet (an
     event stamped by a slower clock only holds the ones behind it until it ages too).
     No index on ``at`` is kept for this: every transition would pay for it.
+
+    The newest event is always kept, so the highest id keeps counting the events
+    written (``store.queries.audit_events_written``): without AUTOINCREMENT, SQLite
+    would start ids again at 1 in an emptied table.
     """
-    head = s.execute(select(E.id, E.at).order_by(E.id).limit(batch)).all()
+    newest = s.scalar(select(func.max(E.id)))
+    head = s.execute(select(E.id, E.at).where(E.id < newest).order_by(E.id).limit(batch)).all()
     old = 0
     while old < len(head) and head[old].at < cutoff:
         old += 1

@@ -17,6 +17,7 @@ from typing import cast
 from sqlalchemy import Connection, Table, bindparam, select
 from sqlalchemy.orm import Session
 
+from core import validate
 from core.errors import LostRace, NotFound
 from core.retry import RetryPolicy
 from store import audit
@@ -67,7 +68,7 @@ def record_failures(
     params, got, events = [], {}, []
     for row_id, error in errors.items():
         row = found[row_id]
-        error = error[:MAX_ERROR_CHARS]
+        error = validate.storable(error, MAX_ERROR_CHARS)
         failures = row.failures + 1 if counts else row.failures
         delay, quarantined = policy.delay(failures, rng)
         got[row_id] = Failure(failures, quarantined, now + delay, new_detail=row.last_error != error)

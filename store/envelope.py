@@ -18,6 +18,7 @@ from core.validate import (
     name,
     ordinal,
     sha256,
+    text,
 )
 
 
@@ -96,5 +97,7 @@ def _check_result_shape(payload: Mapping[str, Any]) -> None:
     status = payload.get("status")
     if status not in ("done", "blocked"):
         raise InvalidInput("payload.status", f"must be 'done' or 'blocked', got {status!r}")
-    if status == "blocked" and not isinstance(payload.get("reason"), str):
-        raise InvalidInput("payload.reason", "a blocked result needs a reason (string)")
+    if status == "blocked":
+        if not isinstance(payload.get("reason"), str):
+            raise InvalidInput("payload.reason", "a blocked result needs a reason (string)")
+        text("payload.reason", payload["reason"])  # it goes to the board and the audit trail

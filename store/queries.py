@@ -124,7 +124,11 @@ def rows(
 
 
 def audit_events_written(s: Session) -> int:
-    """The audit table's highest event id: events appended so far (GC deletes the oldest first)."""
+    """The audit table's highest event id: the events written since ``init``.
+
+    GC deletes the oldest first and always keeps the newest, so ids never start again.
+    On PostgreSQL an id taken by a transaction that rolled back counts too.
+    """
     return s.scalar(select(func.max(AuditEvent.id))) or 0
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from contextlib import nullcontext, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection
@@ -163,16 +163,18 @@ def _apply(
 ) -> None:
     """Apply the pass to ``keys`` at once; if that fails, to ``SPLIT`` parts, down to the failing keys.
 
-    A failed statement changes nothing: SQLite undoes it by itself (statement
-    atomicity, which serves as the savepoint); other databases get an explicit
-    SAVEPOINT. So the healthy neighbours of a poisoned row still commit, each
-    key's outcome is its own, and the poisoned row is recorded alone.
+    Each attempt runs under a SAVEPOINT, on every database: a pass's work is
+    several statements (the transition, its audit events, its children's
+    retirement), and a failure in a later one must undo the earlier ones, which
+    one statement's own atomicity would not. So the healthy neighbours of a
+    poisoned row still commit whole, each key's outcome is its own, and the
+    poisoned row is recorded alone, unchanged.
     """
     assert p.run_in is not None
     if not keys:
         return
     try:
-        with conn.begin_nested() if conn.dialect.name != "sqlite" else nullcontext():
+        with conn.begin_nested():
             got = p.run_in(conn, plane, keys, now)
     except TransientError:
         raise

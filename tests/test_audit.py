@@ -32,7 +32,7 @@ from board import KanbanBoard
 from core.errors import DuplicateIdentity, InvalidInput, LostRace, NotFound, OrdinalTaken, PoolError
 from core.retry import RetryPolicy
 from poolkeeper import operator
-from store import Offer, PoolStore, audit, bookkeeping, transitions
+from store import Offer, PoolStore, audit, bookkeeping, queries, transitions
 from store.models import EventKind, RowState
 from tasks import failures, gc, registry, runner
 from tasks.maintain import maintain_once
@@ -531,3 +531,33 @@ def test_the_trail_replays_to_each_rows_state(store: PoolStore) -> None:
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+def test_caught_text_is_stored_safely_on_every_backend(store: PoolStore) -> None:
+    """Error text and evidence come from elsewhere: NUL and lone surrogates are replaced, never fatal."""
+    offer = given_running(store)
+    nasty = "bad \x00 byte and \ud800 surrogate " + "x" * 1000
+    with store.session() as s:
+        got = bookkeeping.record_failure(
+            s, offer.row_id, nasty, policy=RetryPolicy(), now=NOW, actor=f"pass:\x00{nasty}"
+        )
+    assert got.failures == 1
+    row = row_state(store, offer.row_id)
+    assert row["last_error"].startswith("bad \ufffd byte and ? surrogate") and len(row["last_error"]) == 500
+    event = trail(store, offer.row_id)[-1]
+    assert event["kind"] == "failure" and event["detail"] == row["last_error"]
+    assert "\x00" not in event["actor"] and len(event["actor"]) == audit.MAX_ACTOR_CHARS
+
+
+def test_gc_keeps_the_newest_event_so_the_written_count_never_starts_again(store: PoolStore) -> None:
+    event = audit.Event(1, EventKind.FAILURE, EXPIRE, "running", "running", 1, 1)
+    events = [event._replace(detail=f"e{i}") for i in range(5)]
+    with store.session() as s:
+        audit.append(s, events, now=NOW)
+    with store.session() as s:
+        assert audit.collect(s, cutoff=NOW + 1, batch=100) == 4  # all old; the newest stays
+    with store.session() as s:
+        audit.append(s, events[:1], now=NOW + 2)
+    with store.session(readonly=True) as s:
+        assert queries.audit_events_written(s) == 6
+    assert [e["detail"] for e in trail(store, 1)] == ["e4", "e0"]

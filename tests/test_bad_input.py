@@ -74,6 +74,8 @@ def test_bad_envelope_is_refused_naming_the_field(
     [
         ({"status": "finished"}, "payload.status"),
         ({"status": "blocked"}, "payload.reason"),
+        ({"status": "blocked", "reason": "nul \x00 here"}, "payload.reason: must not contain a NUL"),
+        ({"status": "blocked", "reason": "lone \ud800"}, "payload.reason: holds a lone surrogate"),
         ("done", "payload: expected a JSON object"),
         ({"status": "done", "auth": {"api_key": "k"}}, "payload.auth"),
         ({"status": "done", "blob": "x" * 70_000}, "payload: larger than"),

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from board import FlakyBoard, KanbanBoard, TaskStatus
 from core.errors import InvalidInput, LineageLive, NotFound, StaleHolder, TransientError
 from poolkeeper import operator
-from store import Child, Offer, PoolStore, queries, transitions
+from store import Child, Offer, PoolStore, audit, queries, transitions
 from store.models import RowState
 from tasks.maintain import maintain_once
 from tasks.metrics import StoreCollector
@@ -225,6 +225,9 @@ def test_abandon_discards_unknown_children_never_replaying_them(
     assert [tuple(k) for k in kids] == [("terminal", "discarded")]
     with pytest.raises(StaleHolder):
         store.child_heartbeat(lost.token(), now=NOW + 1)
+    with store.session(readonly=True) as s:
+        last = audit.history(s, offer.row_id)[-1]
+    assert last["kind"] == "abandon" and last["detail"].endswith("; 1 unknown child execution(s) discarded")
 
 
 def test_a_child_registered_during_abandon_stops_it_before_the_store_changes(

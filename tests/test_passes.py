@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from board import FlakyBoard, KanbanBoard, TaskStatus
 from core.errors import CorruptRow, TransientError
-from store import queries, transitions
+from store import audit, queries, transitions
 from store.models import RowState
 from tasks import failures, registry, runner
 from tasks.maintain import maintain_once
@@ -466,26 +466,56 @@ POISON_SQL = {
 }
 
 
-def test_a_store_only_batch_splits_around_its_poisoned_rows(plane: Plane, make_row: Any) -> None:
-    """One set statement for the batch; where it fails, halves, until the poisoned rows stand alone."""
+# The same poison in the statement after the transition: the expired row's audit event
+# (only that one, so the failure is still recorded on the row).
+POISON_EVENT_SQL = {
+    "sqlite": [
+        "CREATE TRIGGER poison BEFORE INSERT ON audit_events WHEN NEW.kind = 'expiry'"
+        " AND (SELECT task_id FROM assignments WHERE id = NEW.row_id) LIKE 'poison%'"
+        " BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
+    ],
+    "postgresql": [
+        "CREATE OR REPLACE FUNCTION poison() RETURNS trigger AS $$ BEGIN"
+        " IF NEW.kind = 'expiry' AND (SELECT task_id FROM assignments WHERE id = NEW.row_id) LIKE 'poison%'"
+        " THEN RAISE EXCEPTION 'poisoned row'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql",
+        "CREATE TRIGGER poison BEFORE INSERT ON audit_events FOR EACH ROW EXECUTE FUNCTION poison()",
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("poison", "table"), [(POISON_SQL, "assignments"), (POISON_EVENT_SQL, "audit_events")]
+)
+def test_a_store_only_batch_splits_around_its_poisoned_rows(
+    plane: Plane, make_row: Any, poison: dict[str, list[str]], table: str
+) -> None:
+    """One set statement for the batch; where it fails, in parts, until the poisoned rows stand alone.
+
+    Whichever of the pass's statements fails (the transition or its audit event), the
+    poisoned row is left exactly as it was: no half of its transition commits.
+    """
     poisoned = {3, 4, 11}
     names = [f"{'poison' if i in poisoned else 'ok'}{i}" for i in range(16)]
     rows = [make_row(RowState.RUNNING, ordinal=i, task_id=t, lease_until=1.0) for i, t in enumerate(names)]
     rows.append(make_row(RowState.ASSIGNED, ordinal=16))  # not running: lost its race
     with plane.store.session() as s:
         dialect = s.get_bind().dialect.name
-        for sql in POISON_SQL[dialect]:
+        for sql in poison[dialect]:
             s.execute(text(sql))
     try:
         outcomes = runner.run_batch(plane, "expire", rows, NOW).outcomes
     finally:
         with plane.store.session() as s:
-            on_table = "" if dialect == "sqlite" else " ON assignments"
+            on_table = "" if dialect == "sqlite" else f" ON {table}"
             s.execute(text(f"DROP TRIGGER IF EXISTS poison{on_table}"))
     assert outcomes == {"reoffered": 13, "failed": 3, "lost_race": 1}
     for i, row in enumerate(rows[:16]):
         got = row_state(plane.store, row)
+        with plane.store.session(readonly=True) as s:
+            kinds = [e["kind"] for e in audit.history(s, row)]
         if i in poisoned:
             assert (got["state"], got["failures"]) == ("running", 1) and "poisoned row" in got["last_error"]
+            assert "expiry" not in kinds
         else:
             assert (got["state"], got["attempt"], got["failures"]) == ("assigned", 2, 0)
+            assert kinds.count("expiry") == 1
