@@ -59,9 +59,10 @@ class Event(NamedTuple):
 
 _TABLE = cast(Table, E.__table__)
 _COLUMNS = ("row_id", "at", "kind", "from_state", "to_state", "attempt", "fence", "actor", "detail")
-# Prepared once and run on the DB-API cursor: every transition runs it, and SQLAlchemy's
-# executemany cost the worker's one-event transactions as much as the insert itself.
-_INSERT = db.Prepared(insert(_TABLE).inline(), columns=_COLUMNS)
+# Written as SQL and run on the driver's cursor with a plain tuple per event: every
+# transition runs it, and even a prepared statement's parameter handling cost the
+# worker's one-event transactions twice the insert itself (bench/store_bench.py).
+_INSERT_SQL = f"INSERT INTO audit_events ({', '.join(_COLUMNS)}) VALUES ({{}})"
 
 
 def _conn(conn: Session | Connection) -> Connection:
@@ -69,24 +70,30 @@ def _conn(conn: Session | Connection) -> Connection:
 
 
 def append(conn: Session | Connection, events: Sequence[Event], *, now: float) -> None:
-    """Append the events in the caller's transaction (one executemany)."""
+    """Append the events in the caller's transaction (one statement, or one executemany)."""
     if not events:
         return
+    c = _conn(conn)
+    sql = _INSERT_SQL.format(",".join([db.placeholder(c)] * len(_COLUMNS)))
     rows = [
-        {
-            "row_id": e.row_id,
-            "at": now,
-            "kind": e.kind.value,
-            "from_state": e.from_state,
-            "to_state": e.to_state,
-            "attempt": e.attempt,
-            "fence": e.fence,
-            "actor": validate.storable(e.actor, MAX_ACTOR_CHARS),
-            "detail": _bounded(e.detail),
-        }
+        (
+            e.row_id,
+            now,
+            e.kind.value,
+            e.from_state,
+            e.to_state,
+            e.attempt,
+            e.fence,
+            validate.storable(e.actor, MAX_ACTOR_CHARS),
+            _bounded(e.detail),
+        )
         for e in events
     ]
-    _INSERT.run_many(_conn(conn), rows)
+    with db.driver_cursor(c, sql) as cursor:
+        if len(rows) == 1:
+            cursor.execute(sql, rows[0])
+        else:
+            cursor.executemany(sql, rows)
 
 
 def _bounded(detail: str | None) -> str | None:
