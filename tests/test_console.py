@@ -531,3 +531,29 @@ def test_the_console_ships_its_assets(console: Console) -> None:
     assert css.status_code == 200 and "prefers-color-scheme: dark" in css.text
     assert "script-src 'self'" in login.headers["content-security-policy"]
     assert 'src="http' not in login.text and 'href="http' not in login.text  # nothing from elsewhere
+
+
+def _last_event(console: Console, row: int) -> tuple[str, str]:
+    from store import audit
+
+    with console.store.session(readonly=True) as s:
+        last = audit.history(s, row)[-1]
+    return last["kind"], last["actor"]
+
+
+def test_every_console_action_is_attributed_to_the_operator(console: Console) -> None:
+    requeued, abandoned = console.quarantined_row("q1", 0), console.claimed_row("a1", 1)
+    cancelled = console.claimed_row("c1", 2)
+    with httpx.Client(base_url=console.url) as http:
+        http.post("/ui/login", data={"token": tokens.operator_token(SECRET)})
+        csrf = _csrf(http.get(f"/ui/rows/{requeued}/requeue").text)
+        for path, form in (
+            (f"/ui/rows/{requeued}/requeue", {}),
+            (f"/ui/rows/{abandoned}/abandon", {"reason": "gone"}),
+            ("/ui/board/b/tasks/c1/cancel", {}),
+        ):
+            got = http.post(path, data={"csrf": csrf, **form})
+            assert got.status_code == 303, got.text[-500:]
+    assert _last_event(console, requeued) == ("requeue", "operator")
+    assert _last_event(console, abandoned)[1] == "operator"
+    assert _last_event(console, cancelled)[1] == "operator"
