@@ -36,6 +36,12 @@ def _mac(key: bytes, subject: str) -> str:
     return hmac.new(key, subject.encode(), hashlib.sha256).hexdigest()
 
 
+def _same(given: str, expected: str) -> bool:
+    """A constant-time comparison with a MAC (hex); whatever ``given`` holds, never an exception."""
+    # compare_digest raises TypeError on a str that is not ASCII: compare bytes
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode())
+
+
 class ConsoleAuth:
     def __init__(self, secret: str) -> None:
         self.local_only = not secret
@@ -78,9 +84,9 @@ class ConsoleAuth:
         if self.local_only:
             return True
         expires, _, mac = request.cookies.get(COOKIE, "").partition(".")
-        if not expires.isdigit() or len(expires) > 12:
+        if not (expires.isascii() and expires.isdigit()) or len(expires) > 12:
             return False
-        good = hmac.compare_digest(mac, _mac(self.key, f"console:session:{expires}"))
+        good = _same(mac, _mac(self.key, f"console:session:{expires}"))
         return good and int(expires) > (now or time.time())
 
     # --- forms ---------------------------------------------------------------------
@@ -98,6 +104,6 @@ class ConsoleAuth:
         # host only: a TLS proxy in front changes the scheme the server sees, not the host
         if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
             return 403, "the form was sent from another site"
-        if not hmac.compare_digest(form.get(CSRF_FIELD, ""), self.csrf(request)):
+        if not _same(form.get(CSRF_FIELD, ""), self.csrf(request)):
             return 403, "the form's check value is missing or stale: reload the page and try again"
         return None
