@@ -12,7 +12,8 @@ rendered for; a POST is taken only with a live session, that value, and an
 ``Origin`` header (when the browser sends one) naming this server's host.
 
 A ``--local-only`` server has no secret and asks for no login, like its API; its
-forms are still bound to a key of the process's own.
+forms are still bound to a key of the process's own, and it answers only requests
+addressed to a loopback ``Host`` (``limits.LoopbackHost``: no DNS rebinding).
 """
 
 from __future__ import annotations
