@@ -371,7 +371,7 @@ def test_a_missing_or_wrong_token_is_refused_and_changes_nothing(driver: WebDriv
 
     # signed in, but the form's check value is forged
     signed_in(driver, console, then=f"/ui/rows/{row}/requeue")
-    driver.execute_script("document.querySelector('input[name=csrf]').value = 'forged'")
+    driver.execute_script("document.querySelector('main input[name=csrf]').value = 'forged'")
     driver.find_element(By.ID, "confirm").click()
     until("the refusal", lambda: "check value" in message(driver))
 
@@ -694,3 +694,45 @@ def test_non_ascii_digits_are_not_row_ids(console: Console) -> None:
         # the form's check value compared as text: a non-ASCII one is refused, not a 500
         got = http.post("/ui/rows/1/requeue", data={"csrf": "é"})
         assert got.status_code == 403 and "check value" in got.text
+
+
+def test_sign_out_is_a_checked_form_and_another_site_cannot_sign_the_operator_out(console: Console) -> None:
+    with httpx.Client(base_url=console.url) as http:
+        http.post("/ui/login", data={"token": tokens.operator_token(SECRET)})
+        page = http.get("/ui")
+        sign_out = page.text.split('action="/ui/logout"', 1)[1].split("</form>", 1)[0]
+        assert f'name="csrf" value="{_csrf(page.text)}"' in sign_out  # the form carries its check value
+        for form, headers in (
+            ({}, {}),
+            ({"csrf": "forged"}, {}),
+            ({"csrf": _csrf(page.text)}, {"Origin": "http://evil.test"}),
+        ):
+            got = http.post("/ui/logout", data=form, headers=headers)
+            assert got.status_code == 403 and "Nothing was changed" in got.text, got.text[-300:]
+            assert http.get("/ui").status_code == 200  # still signed in
+        got = http.post("/ui/logout", data={"csrf": _csrf(page.text)})
+        assert got.status_code == 303 and got.headers["location"] == "/ui/login"
+        assert http.get("/ui").status_code == 303  # signed out: to the sign-in page
+        assert http.post("/ui/logout").status_code == 303  # signed out already: nothing to check
+
+
+def test_two_sign_ins_in_the_same_second_get_different_sessions() -> None:
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from poolkeeper.server.console_auth import COOKIE, ConsoleAuth
+
+    auth = ConsoleAuth(SECRET)
+    scope = {"type": "http", "scheme": "http", "method": "POST", "path": "/ui/login", "headers": []}
+    cookies = []
+    for _ in range(2):
+        response = Response()
+        auth.start_session(Request(scope), response, now=1_700_000_000.0)
+        cookies.append(response.headers["set-cookie"].split(";", 1)[0].split("=", 1)[1])
+    assert cookies[0] != cookies[1]
+    for value in cookies:
+        signed = Request({**scope, "headers": [(b"cookie", f"{COOKIE}={value}".encode())]})
+        assert auth.signed_in(signed, now=1_700_000_001.0)
+    flipped = cookies[0][:-1] + ("1" if cookies[0].endswith("0") else "0")
+    forged = Request({**scope, "headers": [(b"cookie", f"{COOKIE}={flipped}".encode())]})
+    assert not auth.signed_in(forged, now=1_700_000_001.0)

@@ -181,6 +181,10 @@ def router(settings: Settings, store: PoolStore) -> APIRouter:
 
     @ui.post("/logout")
     async def logout(request: Request) -> Response:
+        form = await _form(request)
+        # a checked form, like any other, so no other site signs the operator out; signed out, nothing to end
+        if auth.signed_in(request) and (refused := _refused_form(request, form)) is not None:
+            return refused
         response = RedirectResponse("/ui/login", 303, headers=HEADERS)
         auth.end_session(response)
         return response
@@ -236,14 +240,20 @@ def router(settings: Settings, store: PoolStore) -> APIRouter:
     def unknown(request: Request, anything: str) -> Response:
         return page(request, "message.html", lambda: _no_page(anything))
 
-    async def _acting(request: Request, form: dict[str, str], act: Callable[[], str]) -> Response:
+    def _refused_form(request: Request, form: dict[str, str]) -> Response | None:
+        """The refusal page of a POST that may not act (bad input, ``console_auth.form_refusal``), or None."""
         if (why := _input_refusal(request, form)) is not None:
             return failure(request, 422, f"{why} Nothing was changed.")
         refusal = auth.form_refusal(request, form)
-        if refusal is not None:
-            status, why = refusal
-            log.warning("console: action refused from %s: %s", _client(request), why)
-            return failure(request, status, f"{why[0].upper()}{why[1:]}. Nothing was changed.")
+        if refusal is None:
+            return None
+        status, why = refusal
+        log.warning("console: action refused from %s: %s", _client(request), why)
+        return failure(request, status, f"{why[0].upper()}{why[1:]}. Nothing was changed.")
+
+    async def _acting(request: Request, form: dict[str, str], act: Callable[[], str]) -> Response:
+        if (refused := _refused_form(request, form)) is not None:
+            return refused
         try:
             target = await run_in_threadpool(act)
         except Refused as err:

@@ -2,12 +2,13 @@
 
 The operator signs in once with the operator token (``poolctl token --operator``,
 checked by ``poolkeeper.tokens``); the server answers with a session cookie that
-holds an expiry and its HMAC under the server secret, never the token itself:
+holds an expiry, a random nonce (two sign-ins in one second are two sessions) and
+their HMAC under the server secret, never the token itself:
 HttpOnly (no script reads it), SameSite=Strict (no other site's page sends it),
 Secure when the request came over HTTPS, valid ``SESSION_SECONDS``. Rotating
 the secret ends every session, as it revokes every token.
 
-Every state-changing form carries a CSRF value, the HMAC of the session it was
+Every state-changing form (sign-out too) carries a CSRF value, the HMAC of the session it was
 rendered for; a POST is taken only with a live session, that value, and an
 ``Origin`` header (when the browser sends one) naming this server's host.
 
@@ -31,6 +32,7 @@ from poolkeeper import tokens
 COOKIE = "poolkeeper_console"
 SESSION_SECONDS = 12 * 3600
 CSRF_FIELD = "csrf"
+NONCE_BYTES = 8
 
 
 def _mac(key: bytes, subject: str) -> str:
@@ -66,7 +68,8 @@ class ConsoleAuth:
 
     def start_session(self, request: Request, response: Response, now: float | None = None) -> None:
         expires = int((now or time.time()) + SESSION_SECONDS)
-        value = f"{expires}.{_mac(self.key, f'console:session:{expires}')}"
+        nonce = secrets.token_hex(NONCE_BYTES)
+        value = f"{expires}.{nonce}.{_mac(self.key, f'console:session:{expires}.{nonce}')}"
         response.set_cookie(
             COOKIE,
             value,
@@ -84,10 +87,15 @@ class ConsoleAuth:
     def signed_in(self, request: Request, now: float | None = None) -> bool:
         if self.local_only:
             return True
-        expires, _, mac = request.cookies.get(COOKIE, "").partition(".")
-        if not (expires.isascii() and expires.isdigit()) or len(expires) > 12:
+        expires, _, rest = request.cookies.get(COOKIE, "").partition(".")
+        nonce, _, mac = rest.partition(".")
+        if (
+            not (expires.isascii() and expires.isdigit())
+            or len(expires) > 12
+            or len(nonce) != 2 * NONCE_BYTES
+        ):
             return False
-        good = _same(mac, _mac(self.key, f"console:session:{expires}"))
+        good = _same(mac, _mac(self.key, f"console:session:{expires}.{nonce}"))
         return good and int(expires) > (now or time.time())
 
     # --- forms ---------------------------------------------------------------------
