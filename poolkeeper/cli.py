@@ -427,7 +427,21 @@ def worker(
     url: Annotated[str, typer.Option(envvar="POOL_WORKER_URL", help="Where `poolctl serve` answers.")],
     token_: Annotated[
         str,
-        typer.Option("--token", envvar="POOL_WORKER_TOKEN", show_default=False, help="This ordinal's token."),
+        typer.Option(
+            "--token",
+            envvar="POOL_WORKER_TOKEN",
+            show_default=False,
+            help="This ordinal's token (on the command line every user can read it: prefer --token-file).",
+        ),
+    ] = "",
+    token_file: Annotated[
+        str,
+        typer.Option(
+            "--token-file",
+            envvar="POOL_WORKER_TOKEN_FILE",
+            show_default=False,
+            help="A file holding the token.",
+        ),
     ] = "",
     owner: Annotated[str | None, typer.Option(help="Instance name (default: host:pid:random).")] = None,
     poll: Annotated[float, typer.Option(min=0.05, help="Seconds between offers while idle.")] = 1.0,
@@ -437,15 +451,23 @@ def worker(
     import logging
     import shlex
 
+    from core.settings import read_secret_file
     from poolkeeper.client import PoolClient
-    from poolkeeper.worker import CommandWorker
+    from poolkeeper.worker import TOKEN_FILE_ENV, CommandWorker, forbid_inspection
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    forbid_inspection()  # first: the command, as this user, must not read the token from /proc
     try:
         argv = shlex.split(command)
     except ValueError as e:
         raise InvalidInput("--command", str(e)) from None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    if token_file:
+        if token_:
+            raise SettingsError(
+                f"--token-file ({TOKEN_FILE_ENV}): give it or --token (POOL_WORKER_TOKEN), not both"
+            )
+        token_ = read_secret_file(f"--token-file ({TOKEN_FILE_ENV})", token_file)
     with PoolClient(url, token_ or None) as client:
         runner = CommandWorker(client, ordinal, argv, owner=owner, poll_seconds=poll, once=once)
         runner.install_signal_handlers()
