@@ -160,7 +160,7 @@ def test_a_token_of_another_ordinal_stops_the_worker_with_one_line(
     given_run(store, {"title": "x"})
     proc = worker(server, "true", token=tokens.ordinal_token(SECRET, 1))
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1 and "403 Forbidden" in err and "Traceback" not in err
+    assert proc.returncode == 2 and "403 Forbidden" in err and "Traceback" not in err  # refused: not retried
     assert err.strip().splitlines()[-1].startswith("poolctl: 403 Forbidden")
 
 
