@@ -481,9 +481,9 @@ CHILD_EPILOG = """Exit codes (a refusal is one line on stderr):
 \b
    0  ok
    1  stale: the child or its grant has ended; the child must stop
-   2  bad input or a refused request: a bad option (JSON with NaN or Infinity),
-      a missing or malformed POOL_* variable (POOL_CHILD_TOKEN), or the server
-      refused the token (401, 403)
+   2  bad input or a refused request: a bad option (JSON with NaN),
+      a missing or malformed POOL_* variable (POOL_CHILD_TOKEN),
+      or the server refused the token (401, 403)
   69  the server refuses connections
   75  busy: try again
   78  POOL_WORKER_URL cannot work: not an http:// or https:// URL
