@@ -12,7 +12,8 @@ connection) is retried the same way; ``poolctl`` reports it apart from "busy".
 A ``ConfigError`` (a database file or URL that cannot work) is never retried.
 
 ``InvalidInput`` and ``NotFound`` are refusals of a caller's request (a worker
-envelope, an operator command): they name what was wrong and change nothing.
+envelope, an operator command): they name what was wrong and change nothing, as
+``Denied`` does (a server refused the caller's token: 401 or 403).
 """
 
 from __future__ import annotations
@@ -103,8 +104,13 @@ class NotFound(PoolError, LookupError):
     """An unknown row, board or task."""
 
 
+class Denied(PoolError):
+    """A server refused the caller itself (401 not authenticated, 403 not allowed): a wrong or foreign
+    token, which retrying will not change."""
+
+
 class UnusableURL(SettingsError, ConfigError):
-    """A ``POOL_*_URL`` no database driver can open: named by its variable, never echoed."""
+    """A ``POOL_*_URL`` no database driver or HTTP client can open: named by its variable, never echoed."""
 
 
 # What a command-line process exits with, by error class (first match wins): `poolctl`,
@@ -112,11 +118,11 @@ class UnusableURL(SettingsError, ConfigError):
 # internal error with a hint to the traceback.
 EXIT_CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, str], ...] = (
     (ConfigError, 78, ""),  # first: an unusable URL is a setting and a configuration error
-    ((SettingsError, InvalidInput, NotFound), 2, ""),
+    ((SettingsError, InvalidInput, NotFound, Denied), 2, ""),  # a refused request: fix it, not retry
     (Unavailable, 69, ""),
     (TransientError, 75, "busy, try again: "),
     (LostRace, 75, "changed concurrently, try again: "),
-    (PoolError, 1, ""),  # any other refusal of ours (a server's 403, a stale grant): one plain line
+    (PoolError, 1, ""),  # any other refusal of ours (a stale grant or child): one plain line
 )
 
 

@@ -169,7 +169,7 @@ class Settings:
         if secret_file:
             if env.get("POOL_SERVER_SECRET"):
                 raise SettingsError("POOL_SERVER_SECRET_FILE: give it or POOL_SERVER_SECRET, not both")
-            values["server_secret"] = _read_secret(secret_file)
+            values["server_secret"] = read_secret_file("POOL_SERVER_SECRET_FILE", secret_file)
         values.update(overrides)
         return cls(**values)
 
@@ -190,11 +190,12 @@ class Settings:
         return {_var(f.name): str(getattr(self, f.name)) for f in fields(self) if f.name != "server_secret"}
 
 
-def _read_secret(path: str) -> str:
+def read_secret_file(var: str, path: str) -> str:
+    """A secret kept in a file (``var`` names the setting that points there), without surrounding space."""
     try:
         return Path(path).read_text().strip()
     except (OSError, UnicodeDecodeError) as err:
-        raise SettingsError(f"POOL_SERVER_SECRET_FILE: cannot read {path}: {type(err).__name__}") from None
+        raise SettingsError(f"{var}: cannot read {path}: {type(err).__name__}") from None
 
 
 def _var(field_name: str) -> str:

@@ -42,7 +42,8 @@ EPILOG = """Exit codes:
 \b
    0  ok
    1  internal error (one line; POOLCTL_DEBUG=1 shows the traceback)
-   2  usage or refused request: a bad argument or setting, an unknown row
+   2  usage or refused request: a bad argument or setting, an unknown row,
+      a token the server refuses (401, 403)
   69  a server refuses connections (PostgreSQL, Redis); the URL is named
   75  busy or locked: try again
   78  a URL or file that cannot work: not a URL, no driver, missing directory,
@@ -427,7 +428,21 @@ def worker(
     url: Annotated[str, typer.Option(envvar="POOL_WORKER_URL", help="Where `poolctl serve` answers.")],
     token_: Annotated[
         str,
-        typer.Option("--token", envvar="POOL_WORKER_TOKEN", show_default=False, help="This ordinal's token."),
+        typer.Option(
+            "--token",
+            envvar="POOL_WORKER_TOKEN",
+            show_default=False,
+            help="This ordinal's token (on the command line every user can read it: prefer --token-file).",
+        ),
+    ] = "",
+    token_file: Annotated[
+        str,
+        typer.Option(
+            "--token-file",
+            envvar="POOL_WORKER_TOKEN_FILE",
+            show_default=False,
+            help="A file holding the token.",
+        ),
     ] = "",
     owner: Annotated[str | None, typer.Option(help="Instance name (default: host:pid:random).")] = None,
     poll: Annotated[float, typer.Option(min=0.05, help="Seconds between offers while idle.")] = 1.0,
@@ -437,16 +452,23 @@ def worker(
     import logging
     import shlex
 
-    from poolkeeper.client import PoolClient
-    from poolkeeper.worker import CommandWorker
+    from core.settings import read_secret_file
+    from poolkeeper.worker import TOKEN_FILE_ENV, CommandWorker, forbid_inspection
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    forbid_inspection()  # first: the command, as this user, must not read the token from /proc
     try:
         argv = shlex.split(command)
     except ValueError as e:
         raise InvalidInput("--command", str(e)) from None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
-    with PoolClient(url, token_ or None) as client:
+    if token_file:
+        if token_:
+            raise SettingsError(
+                f"--token-file ({TOKEN_FILE_ENV}): give it or --token (POOL_WORKER_TOKEN), not both"
+            )
+        token_ = read_secret_file(f"--token-file ({TOKEN_FILE_ENV})", token_file)
+    with _pool_client("--url (POOL_WORKER_URL)", url, "--token (POOL_WORKER_TOKEN)", token_) as client:
         runner = CommandWorker(client, ordinal, argv, owner=owner, poll_seconds=poll, once=once)
         runner.install_signal_handlers()
         raise typer.Exit(runner.run())
@@ -454,12 +476,25 @@ def worker(
 
 # --- child executions, from inside a worker's command ---------------------------
 
+CHILD_EPILOG = """Exit codes (a refusal is one line on stderr):
+
+\b
+   0  ok
+   1  stale: the child or its grant has ended; the child must stop
+   2  bad input or a refused request: a bad option (JSON with NaN),
+      a missing or malformed POOL_* variable (POOL_CHILD_TOKEN),
+      or the server refused the token (401, 403)
+  69  the server refuses connections
+  75  busy: try again
+  78  POOL_WORKER_URL cannot work: not an http:// or https:// URL
+"""
+
 child_app = typer.Typer(
     no_args_is_help=True,
     help="Register and report child executions from inside a `poolctl worker` command: its"
     " POOL_WORKER_URL, POOL_CHILD_TOKEN, POOL_ROW_ID, POOL_ATTEMPT, POOL_FENCE and POOL_OWNER say"
-    " which grant. A refusal is one line: exit 1 when stale (the child must stop), 2 bad input.",
-    epilog=EPILOG,
+    " which grant.",
+    epilog=CHILD_EPILOG,
 )
 app.add_typer(child_app, name="child")
 ChildOpt = Annotated[
@@ -468,14 +503,26 @@ ChildOpt = Annotated[
 ]
 
 
+def _pool_client(url_name: str, url: str, token_name: str, token: str) -> PoolClient:
+    """A client of `poolctl serve` whose URL can work (else exit 78) and whose token is one (else 2)."""
+    from poolkeeper import tokens
+    from poolkeeper.client import PoolClient, check_url
+
+    check_url(url_name, url)
+    if token and not tokens.well_formed(token):  # not echoed: it is a secret, or most of one
+        raise InvalidInput(
+            token_name, "not a token of the form `poolctl token` or `poolctl worker` gives (a stray space?)"
+        )
+    return PoolClient(url, token or None)
+
+
 def _child_client() -> PoolClient:
-    from poolkeeper.client import PoolClient
     from poolkeeper.worker import CHILD_TOKEN_ENV, URL_ENV
 
     url = os.environ.get(URL_ENV, "")
     if not url:
         raise InvalidInput(URL_ENV, "not set: run this inside a `poolctl worker` command, or set it")
-    return PoolClient(url, os.environ.get(CHILD_TOKEN_ENV) or None)
+    return _pool_client(URL_ENV, url, CHILD_TOKEN_ENV, os.environ.get(CHILD_TOKEN_ENV, ""))
 
 
 def _child_id(child_id: str) -> str:
@@ -492,13 +539,21 @@ def _child_token(child_id: str) -> ChildToken:
 
 
 def _json_object(option: str, value: str) -> dict[str, Any]:
+    """A JSON object the server would take as a document; else ``InvalidInput`` naming ``option``."""
     try:
-        found = json.loads(value)
+        found = json.loads(value, parse_constant=_no_constant)
     except ValueError as err:
         raise InvalidInput(option, f"not JSON: {err}") from None
+    except RecursionError:
+        raise InvalidInput(option, f"JSON nested deeper than {validate.MAX_DEPTH} levels") from None
     if not isinstance(found, dict):
         raise InvalidInput(option, f"expected a JSON object, got {type(found).__name__}")
+    validate.document(option, found)  # 1e999 (infinite), depth, size, credential-like keys
     return found
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (NaN and Infinity have no JSON form)")
 
 
 @child_app.command("register")

@@ -7,8 +7,11 @@ of one call sends the same delivery id, so the store answers a delivery that
 already landed with ``duplicate``. Refusals come back as the project's errors,
 by the class the server names: ``StaleHolder``, ``DeliveryConflict``,
 ``LineageTooDeep`` (409),
-``NotFound`` (404), ``InvalidInput`` (422), ``Refused`` (401, 403, 413),
-``TransientError`` once the retries are spent.
+``NotFound`` (404), ``InvalidInput`` (422), ``Refused`` (408, 413; for 401 and
+403 ``AccessDenied``, also a ``core.errors.Denied``), ``TransientError`` once
+the retries are spent (``Unavailable`` when the last try could not connect).
+``check_url`` says up front whether a URL can reach a server at all
+(``poolctl worker`` and ``poolctl child`` call it).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Protocol
 import httpx
 
 from core import errors
-from core.errors import InvalidInput, NotFound, PoolError, ProtocolError, TransientError
+from core.errors import InvalidInput, NotFound, PoolError, ProtocolError, TransientError, UnusableURL
 from core.retry import RetryPolicy
 
 CLIENT_RETRY = RetryPolicy(base_seconds=0.2, max_seconds=5.0)  # 0.1-0.2 s, 0.2-0.4 s, ... up to 2.5-5 s
@@ -46,6 +49,30 @@ class Refused(PoolError):
     def __init__(self, status: int, error: str, detail: str) -> None:
         super().__init__(f"{status} {error}: {detail}")
         self.status, self.error, self.detail = status, error, detail
+
+
+class AccessDenied(Refused, errors.Denied):
+    """401 or 403: the server will not take this token (wrong secret, another ordinal, a child token)."""
+
+
+def check_url(name: str, url: str) -> str:
+    """``url`` if an HTTP client can try it: http or https, a host, a port that exists.
+
+    Else ``UnusableURL`` naming ``name`` (``poolctl`` exits 78: retrying cannot help); the URL is
+    not echoed, as it may hold a password.
+    """
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError, TypeError) as err:
+        raise UnusableURL(f"{name}: not a URL ({str(err)[:80]})") from None
+    if parsed.scheme not in ("http", "https"):
+        raise UnusableURL(f"{name}: {parsed.scheme or 'no'} scheme; expected an http:// or https:// URL")
+    if not parsed.host or any(c in parsed.host for c in "% \t"):
+        raise UnusableURL(f"{name}: no usable host; expected http://HOST:PORT of `poolctl serve`")
+    if port is not None and not 0 < port < 65536:
+        raise UnusableURL(f"{name}: port {port} does not exist")
+    return url
 
 
 @dataclass(frozen=True)
@@ -166,6 +193,10 @@ class PoolClient:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.url = url.rstrip("/")
+        base = httpx.URL(self.url)
+        host = f"[{base.host}]" if ":" in base.host else base.host
+        port = "" if base.port is None else f":{base.port}"
+        self._where = f"{base.scheme}://{host}{port}"  # what errors name: never a password
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
             base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
@@ -243,10 +274,12 @@ class PoolClient:
         """One call, retried as is (same body, so the same delivery id) while transient."""
         for n in range(1, self.tries + 1):
             wait = self.retry.backoff(n)
+            refused = False
             try:
                 response = self._http.request(method, path, json=body)
             except httpx.TransportError as err:
-                problem = f"{path}: {type(err).__name__}: {err}"
+                problem = f"{self._where}{path}: {type(err).__name__}: {err}"
+                refused = isinstance(err, httpx.ConnectError)
             else:
                 if response.status_code < 300:
                     found: dict[str, Any] = response.json()
@@ -257,7 +290,8 @@ class PoolClient:
                 wait = max(wait, _retry_after(response))
             if n < self.tries:
                 self.sleep(wait)
-        raise TransientError(f"{problem} (after {self.tries} tries)")
+        # nothing listening (or no such host), to the last try: unavailable, not busy (poolctl: 69, not 75)
+        raise (errors.Unavailable if refused else TransientError)(f"{problem} (after {self.tries} tries)")
 
 
 def _body(response: httpx.Response) -> dict[str, Any]:
@@ -288,6 +322,8 @@ def _refusal(response: httpx.Response) -> PoolError:
         )
     )
     status = response.status_code
+    if status in (401, 403):
+        return AccessDenied(status, error or "HTTPError", text)
     if status == 409:
         return _PROTOCOL.get(error, ProtocolError)(text)
     if status == 404 and error == "NotFound":

@@ -78,6 +78,11 @@ def child_token(secret: str, row_id: int, fence: int) -> str:
     return issue(secret, Principal(grant=(row_id, fence)))
 
 
+def well_formed(token: str) -> bool:
+    """Whether ``token`` has the form of one (``o3.<hex>``, ``op.<hex>``, ``c12.40.<hex>``), MAC unchecked."""
+    return _TOKEN_RE.fullmatch(token) is not None
+
+
 def verify(secret: str, token: str) -> Principal | None:
     """The principal a token proves, or ``None`` for anything else (constant-time MAC check)."""
     found = _TOKEN_RE.fullmatch(token)

@@ -19,11 +19,20 @@ Tails are the last ``tail_bytes`` (4 KiB) of each stream, decoded as UTF-8.
 A refused heartbeat means the run is no longer ours (fenced by a restart or
 expiry): the child is stopped and nothing is delivered. SIGTERM or SIGINT stops
 the child, releases the run (re-offered at once) and exits 0.
+
+The command runs as the worker's user, so it could read the worker's memory
+and ``/proc/<pid>/environ``, where the ordinal's token is: ``forbid_inspection``
+(called first by ``poolctl worker``) marks the worker undumpable on Linux, which
+closes that to other processes of the user (not to root). The token can come
+from a file (``--token-file``) rather than the command line, which every user
+can read in ``/proc/<pid>/cmdline``. Real isolation needs the command to run as
+another user (docs/design.md, "Worker").
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -31,6 +40,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -46,9 +56,29 @@ log = logging.getLogger("poolkeeper.worker")
 TAIL_BYTES = 4096
 KILL_GRACE_SECONDS = 5.0
 URL_ENV, TOKEN_ENV = "POOL_WORKER_URL", "POOL_WORKER_TOKEN"  # what `poolctl worker` reads
+TOKEN_FILE_ENV = "POOL_WORKER_TOKEN_FILE"  # or the token in a file, off the command line
 CHILD_TOKEN_ENV = "POOL_CHILD_TOKEN"  # the grant's child token: what `poolctl child` authenticates with
 # Never passed on to the command (the child token is set anew for each grant).
-SCRUBBED_ENV = (TOKEN_ENV, CHILD_TOKEN_ENV, "POOL_SERVER_SECRET", "POOL_SERVER_SECRET_FILE")
+SCRUBBED_ENV = (TOKEN_ENV, TOKEN_FILE_ENV, CHILD_TOKEN_ENV, "POOL_SERVER_SECRET", "POOL_SERVER_SECRET_FILE")
+PR_SET_DUMPABLE = 4  # <linux/prctl.h>
+
+
+def forbid_inspection() -> bool:
+    """Linux: make this process undumpable, so other processes of its user (its command) cannot read
+    its memory or ``/proc/<pid>/environ`` (the token), nor ptrace it. Best effort: False, and one log
+    line, where that is not available. ``execve`` resets it, so the command itself is unaffected.
+    """
+    if not sys.platform.startswith("linux"):
+        log.info("not on Linux: the command, running as this user, may read this worker's token")
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as err:
+        log.warning("prctl(PR_SET_DUMPABLE, 0) failed (%s): the command may read this worker's token", err)
+        return False
+    return True
 
 
 def default_owner() -> str:

@@ -231,3 +231,30 @@ def test_poolctl_child_refuses_a_missing_or_bad_setting_in_one_line(
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"poolctl: {done.stderr.strip().removeprefix('poolctl: ')}"
     assert message in done.stderr and "\n" not in done.stderr.strip() and "Traceback" not in done.stderr
+
+
+def test_a_token_the_server_refuses_is_a_refused_request_not_stale(
+    server: ServeProc, store: PoolStore
+) -> None:
+    """401 (not this server's token) and 403 (another grant's) exit 2, as in `poolctl worker`; stale is 1."""
+    store.add_run(board="b", task_id="t1", run_id=1, ordinal=0, payload={"title": "x"})
+    grant = store.offer(0, owner="w")
+    assert grant is not None
+    env = {
+        "POOL_WORKER_URL": server.url,
+        "POOL_ROW_ID": str(grant.row_id),
+        "POOL_ATTEMPT": str(grant.attempt),
+        "POOL_FENCE": str(grant.fence),
+        "POOL_OWNER": grant.owner,
+    }
+    for token, status in (
+        (tokens.child_token("another-secret-" + "0" * 32, grant.row_id, grant.fence), "401"),
+        (tokens.child_token(SECRET, grant.row_id, grant.fence + 1), "403"),
+        (tokens.ordinal_token(SECRET, 1), "403"),
+    ):
+        done = poolctl_child("register", env={**env, "POOL_CHILD_TOKEN": token})
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"poolctl: {status} "), (
+            done.stderr
+        )
+    assert children(store) == {}

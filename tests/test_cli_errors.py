@@ -271,6 +271,109 @@ def test_a_usage_mistake_is_one_line_exit_2_and_writes_nothing(
     assert board_tasks(tmp_path) == []
 
 
+# --- poolctl child and poolctl worker: a grant's environment that cannot work -----------------
+
+GRANT = {
+    "POOL_ROW_ID": "1",
+    "POOL_ATTEMPT": "1",
+    "POOL_FENCE": "1",
+    "POOL_OWNER": "w",
+    "POOL_CHILD_ID": "run:1/child:" + "0" * 12,
+    "POOL_WORKER_URL": "http://127.0.0.1:9",  # nothing listens on port 9
+    "POOL_CHILD_TOKEN": "c1.1." + "0" * 64,
+}
+CHILD_COMMANDS = [("child", "register"), ("child", "heartbeat"), ("child", "result"), ("child", "vanished")]
+WORKER = ("worker", "--ordinal", "0", "--command", "true")
+
+NON_FINITE = ("NaN", "Infinity", "-Infinity")
+BAD_TOKENS = {"newline": "c1.1." + "0" * 64 + "\n", "non-ascii": "c1.1.é", "space": "c1.1. " + "0" * 63}
+BAD_URLS = {
+    "ftp": "ftp://x",
+    "unclosed-ipv6": "http://[::1",
+    "no-scheme": "not a url",
+    "no-host": "http://",
+    "no-such-port": "http://x:99999",
+    "newline": "http://x\n",
+}
+GRANT_CASES = [
+    *[
+        pytest.param(
+            ("child", "result", "--payload", f'{{"a": {v}}}'), {}, USAGE, ("--payload", v), id=f"payload-{v}"
+        )
+        for v in NON_FINITE
+    ],
+    *[
+        pytest.param(
+            ("child", "heartbeat", "--receipt", f'{{"a": [{v}]}}'),
+            {},
+            USAGE,
+            ("--receipt", v),
+            id=f"receipt-{v}",
+        )
+        for v in NON_FINITE
+    ],
+    pytest.param(
+        ("child", "result", "--payload", '{"a": 1e999}'),
+        {},
+        USAGE,
+        ("--payload.a", "NaN and Infinity"),
+        id="payload-overflows-to-infinity",
+    ),
+    pytest.param(
+        ("child", "heartbeat", "--receipt", '{"a": ' + "[" * 100_000),
+        {},
+        USAGE,
+        ("--receipt", "nested"),
+        id="receipt-nested-too-deep",
+    ),
+    *[
+        pytest.param(
+            args,
+            {"POOL_CHILD_TOKEN": token},
+            USAGE,
+            ("POOL_CHILD_TOKEN", "not a token"),
+            id=f"{args[1]}-token-{why}",
+        )
+        for args in CHILD_COMMANDS
+        for why, token in BAD_TOKENS.items()
+    ],
+    *[
+        pytest.param(args, {"POOL_WORKER_URL": url}, CONFIG, ("POOL_WORKER_URL",), id=f"{args[1]}-url-{why}")
+        for args in CHILD_COMMANDS
+        for why, url in BAD_URLS.items()
+    ],
+    pytest.param(
+        ("child", "heartbeat"), {}, UNAVAILABLE, ("ConnectError", "127.0.0.1:9"), id="nothing-listens"
+    ),
+    pytest.param(
+        (*WORKER, "--url", "ftp://x"), {}, CONFIG, ("--url (POOL_WORKER_URL)", "scheme"), id="worker-ftp"
+    ),
+    pytest.param(
+        WORKER, {"POOL_WORKER_URL": "http://[::1"}, CONFIG, ("POOL_WORKER_URL",), id="worker-bad-url"
+    ),
+    pytest.param(
+        WORKER,
+        {"POOL_WORKER_TOKEN": "o0.x\n"},
+        USAGE,
+        ("POOL_WORKER_TOKEN", "not a token"),
+        id="worker-token-newline",
+    ),
+    pytest.param(
+        WORKER, {"POOL_WORKER_TOKEN": "o0.é"}, USAGE, ("POOL_WORKER_TOKEN",), id="worker-token-non-ascii"
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "env", "code", "words"), GRANT_CASES)
+def test_poolctl_child_and_worker_refuse_what_cannot_work_with_its_own_code(
+    tmp_path: Path, args: tuple[str, ...], env: dict[str, str], code: int, words: tuple[str, ...]
+) -> None:
+    """Bad input (NaN, a malformed token) is 2, a URL that cannot work 78, nothing listening 69."""
+    line = refused(run(tmp_path, *args, env={**GRANT, **env}), code, *words)
+    assert "internal error" not in line and "0" * 64 not in line  # no token is echoed
+    assert files(tmp_path) == []
+
+
 def test_requeue_of_a_terminal_row_is_refused(tmp_path: Path) -> None:
     _terminal_row(tmp_path)
     refused(run(tmp_path, "requeue", "1"), USAGE, "row 1 is stale", "never retried")

@@ -10,8 +10,10 @@ on what the page shows, never sleeps.
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -369,7 +371,7 @@ def test_a_missing_or_wrong_token_is_refused_and_changes_nothing(driver: WebDriv
 
     # signed in, but the form's check value is forged
     signed_in(driver, console, then=f"/ui/rows/{row}/requeue")
-    driver.execute_script("document.querySelector('input[name=csrf]').value = 'forged'")
+    driver.execute_script("document.querySelector('main input[name=csrf]').value = 'forged'")
     driver.find_element(By.ID, "confirm").click()
     until("the refusal", lambda: "check value" in message(driver))
 
@@ -531,3 +533,206 @@ def test_the_console_ships_its_assets(console: Console) -> None:
     assert css.status_code == 200 and "prefers-color-scheme: dark" in css.text
     assert "script-src 'self'" in login.headers["content-security-policy"]
     assert 'src="http' not in login.text and 'href="http' not in login.text  # nothing from elsewhere
+
+
+def _last_event(console: Console, row: int) -> tuple[str, str]:
+    from store import audit
+
+    with console.store.session(readonly=True) as s:
+        last = audit.history(s, row)[-1]
+    return last["kind"], last["actor"]
+
+
+def test_every_console_action_is_attributed_to_the_operator(console: Console) -> None:
+    requeued, abandoned = console.quarantined_row("q1", 0), console.claimed_row("a1", 1)
+    cancelled = console.claimed_row("c1", 2)
+    with httpx.Client(base_url=console.url) as http:
+        http.post("/ui/login", data={"token": tokens.operator_token(SECRET)})
+        csrf = _csrf(http.get(f"/ui/rows/{requeued}/requeue").text)
+        for path, form in (
+            (f"/ui/rows/{requeued}/requeue", {}),
+            (f"/ui/rows/{abandoned}/abandon", {"reason": "gone"}),
+            ("/ui/board/b/tasks/c1/cancel", {}),
+        ):
+            got = http.post(path, data={"csrf": csrf, **form})
+            assert got.status_code == 303, got.text[-500:]
+    assert _last_event(console, requeued) == ("requeue", "operator")
+    assert _last_event(console, abandoned)[1] == "operator"
+    assert _last_event(console, cancelled)[1] == "operator"
+
+
+# Raw (already percent-encoded) values: non-ASCII digits and letters, NUL and other control characters,
+# bytes that are not UTF-8, a lone surrogate's bytes, huge, empty.
+HOSTILE = [
+    "%00",
+    "a%00b",
+    "%01",
+    "%1B%5B31m",
+    "%0D%0AX-Evil:%201",
+    "%C3%A9",
+    "%C2%B2",
+    "%D9%A1",
+    "%EF%BC%91",
+    "%7F",
+    "%C2%85",
+    "%FF",
+    "%ED%A0%80",
+    "%E2%80%AE",
+    "x" * 5000,
+    "9" * 5000,
+    "",
+]
+# Every console route, with {} for the slot the hostile value goes in (one slot at a time).
+GETS = [
+    "/ui?{}",
+    "/ui/live/overview?x={}",
+    "/ui/rows?state={}",
+    "/ui/rows?quarantined={}",
+    "/ui/rows/{}",
+    "/ui/rows/{}?done=requeue",
+    "/ui/rows/1?done={}",
+    "/ui/live/rows/{}",
+    "/ui/board?board={}",
+    "/ui/board?done={}",
+    "/ui/live/board?board={}",
+    "/ui/login?next={}",
+    "/ui/login?next=/ui{}",
+    "/ui/rows/{}/requeue",
+    "/ui/rows/{}/abandon",
+    "/ui/rows/1/{}",
+    "/ui/board/{}/tasks/t1/cancel",
+    "/ui/board/b/tasks/{}/cancel",
+    "/ui/board/b/tasks/t1/{}",
+    "/ui/{}",
+    "/ui/static/{}",
+    "/ui/{}/x",
+]
+POSTS = [
+    ("/ui/rows/{}/requeue", "csrf={csrf}"),
+    ("/ui/rows/{}/abandon", "csrf={csrf}&reason=r"),
+    ("/ui/rows/1/{}", "csrf={csrf}"),
+    ("/ui/rows/1/abandon", "csrf={csrf}&reason={}"),
+    ("/ui/rows/1/requeue", "csrf={}"),
+    ("/ui/rows/1/requeue", "csrf={csrf}&{}=1"),
+    ("/ui/board/{}/tasks/t1/cancel", "csrf={csrf}"),
+    ("/ui/board/b/tasks/{}/unblock", "csrf={csrf}"),
+    ("/ui/board/b/tasks/t1/{}", "csrf={csrf}"),
+    ("/ui/board/b/tasks/t1/cancel", "csrf={}"),
+    ("/ui/login", "token={}"),
+    ("/ui/login", "token=x&next={}"),
+    ("/ui/login", "next=/ui{}"),
+    ("/ui/logout", "csrf={}"),
+]
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _one_sentence(got: httpx.Response, sent: str) -> None:
+    where = f"{got.request.method} {sent} -> {got.status_code}"
+    assert got.status_code < 500, where + got.text[-800:]
+    assert "Traceback" not in got.text, where
+    assert not _CONTROL.search(got.text), f"{where}: a control character echoed raw"
+    assert not any(_CONTROL.search(v) for v in got.headers.values()), where
+    if got.status_code >= 400 and got.request.url.path.startswith("/ui/static/"):
+        return  # the static files' own 404, plain text
+    if got.status_code >= 400 and got.headers["content-type"].startswith("application/json"):
+        sentence = got.json()["detail"]  # a path no route matches (a line break in it): the app's 404
+    elif got.status_code >= 400:
+        shown = got.text.split('id="message"', 1)[1].split(">", 1)[1].split("</p>", 1)[0].strip()
+        sentence = html.unescape(shown)
+    if got.status_code >= 400:
+        assert sentence and len(sentence) < 400 and sentence.count(". ") <= 1, f"{where}: {sentence!r}"
+
+
+def test_hostile_input_on_every_console_route_is_one_sentence_never_a_5xx(console: Console) -> None:
+    row = console.quarantined_row()
+    console.kanban.add_task("b", "spare", task_id="t1")
+    raw = httpx.URL  # the values are already encoded: sent as they are
+    with httpx.Client(base_url=console.url) as http:
+        http.post("/ui/login", data={"token": tokens.operator_token(SECRET)})
+        csrf = _csrf(http.get(f"/ui/rows/{row}/requeue").text)
+        for value in HOSTILE:
+            for path in GETS:
+                sent = path.replace("{}", value)
+                _one_sentence(http.get(raw(console.url + sent)), sent)
+            for path, body in POSTS:
+                at_path = "{}" in path
+                target = path.replace("{}", value) if at_path else path
+                form = body.replace("{csrf}", csrf).replace("{}", "" if at_path else value)
+                got = http.post(raw(console.url + target), content=form.encode(), headers=_FORM)
+                _one_sentence(got, f"{target} <- {form[:80]}")
+                if "/ui/login" in target or "/ui/logout" in target:  # keep the session for the rest
+                    http.post("/ui/login", data={"token": tokens.operator_token(SECRET)})
+                    csrf = _csrf(http.get(f"/ui/rows/{row}/requeue").text)
+
+
+@pytest.mark.parametrize(
+    "cookie", [b"poolkeeper_console=1.\xe9", b"poolkeeper_console=\xb2\xb2.ab", b"poolkeeper_console=1.\x01"]
+)
+def test_a_hostile_session_cookie_is_signed_out_not_a_5xx(console: Console, cookie: bytes) -> None:
+    for path in ("/ui", "/ui/live/overview", "/ui/rows/1"):
+        got = httpx.get(console.url + path, headers={"cookie": cookie})
+        assert got.status_code in (303, 401), (path, got.status_code, got.text[-300:])
+    got = httpx.post(
+        console.url + "/ui/rows/1/requeue", content=b"csrf=x", headers={**_FORM, "cookie": cookie}
+    )
+    assert got.status_code == 401 and "not signed in" in got.text
+
+
+def test_non_ascii_digits_are_not_row_ids(console: Console) -> None:
+    console.quarantined_row()
+    with httpx.Client(base_url=console.url) as http:
+        http.post("/ui/login", data={"token": tokens.operator_token(SECRET)})
+        csrf = _csrf(http.get("/ui/rows/1/requeue").text)
+        for digit in ("²", "\u0661", "\uff11"):  # superscript two, Arabic-Indic one, fullwidth one
+            for got in (
+                http.get(f"/ui/rows/{digit}"),
+                http.get(f"/ui/live/rows/{digit}"),
+                http.get(f"/ui/rows/{digit}/requeue"),
+                http.post(f"/ui/rows/{digit}/requeue", data={"csrf": csrf}),
+            ):
+                assert got.status_code == 404 and "a row id is a whole number" in got.text, got.text[-300:]
+        # the form's check value compared as text: a non-ASCII one is refused, not a 500
+        got = http.post("/ui/rows/1/requeue", data={"csrf": "é"})
+        assert got.status_code == 403 and "check value" in got.text
+
+
+def test_sign_out_is_a_checked_form_and_another_site_cannot_sign_the_operator_out(console: Console) -> None:
+    with httpx.Client(base_url=console.url) as http:
+        http.post("/ui/login", data={"token": tokens.operator_token(SECRET)})
+        page = http.get("/ui")
+        sign_out = page.text.split('action="/ui/logout"', 1)[1].split("</form>", 1)[0]
+        assert f'name="csrf" value="{_csrf(page.text)}"' in sign_out  # the form carries its check value
+        for form, headers in (
+            ({}, {}),
+            ({"csrf": "forged"}, {}),
+            ({"csrf": _csrf(page.text)}, {"Origin": "http://evil.test"}),
+        ):
+            got = http.post("/ui/logout", data=form, headers=headers)
+            assert got.status_code == 403 and "Nothing was changed" in got.text, got.text[-300:]
+            assert http.get("/ui").status_code == 200  # still signed in
+        got = http.post("/ui/logout", data={"csrf": _csrf(page.text)})
+        assert got.status_code == 303 and got.headers["location"] == "/ui/login"
+        assert http.get("/ui").status_code == 303  # signed out: to the sign-in page
+        assert http.post("/ui/logout").status_code == 303  # signed out already: nothing to check
+
+
+def test_two_sign_ins_in_the_same_second_get_different_sessions() -> None:
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from poolkeeper.server.console_auth import COOKIE, ConsoleAuth
+
+    auth = ConsoleAuth(SECRET)
+    scope = {"type": "http", "scheme": "http", "method": "POST", "path": "/ui/login", "headers": []}
+    cookies = []
+    for _ in range(2):
+        response = Response()
+        auth.start_session(Request(scope), response, now=1_700_000_000.0)
+        cookies.append(response.headers["set-cookie"].split(";", 1)[0].split("=", 1)[1])
+    assert cookies[0] != cookies[1]
+    for value in cookies:
+        signed = Request({**scope, "headers": [(b"cookie", f"{COOKIE}={value}".encode())]})
+        assert auth.signed_in(signed, now=1_700_000_001.0)
+    flipped = cookies[0][:-1] + ("1" if cookies[0].endswith("0") else "0")
+    forged = Request({**scope, "headers": [(b"cookie", f"{COOKIE}={flipped}".encode())]})
+    assert not auth.signed_in(forged, now=1_700_000_001.0)

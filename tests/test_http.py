@@ -451,6 +451,38 @@ def test_local_only_serves_loopback_without_tokens(
         assert "auth: none (--local-only)" in served.proc.text()
 
 
+def test_local_only_answers_only_requests_addressed_to_loopback(
+    sqlite_settings: Settings, sqlite_store: PoolStore, tmp_path: Path
+) -> None:
+    """No token is asked, so a page elsewhere must not reach it by rebinding its name to 127.0.0.1."""
+    row = given_assigned(sqlite_store)
+    for served in start(sqlite_settings, tmp_path, sqlite_store, local_only=True):
+        port = served.proc.port
+        for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.nip.io", "10.0.0.1", "[::2]"):
+            for method, path in (
+                ("GET", "/ui"),
+                ("GET", "/ui/login"),
+                ("POST", "/v1/offer"),
+                ("GET", "/healthz"),
+            ):
+                got = httpx.request(
+                    method, f"{served.url}{path}", json={"ordinal": 0, "owner": "x"}, headers={"Host": host}
+                )
+                assert got.status_code == 403, (host, path, got.text)
+                assert got.json()["error"] == "NotLoopback" and "loopback" in got.json()["detail"]
+        for host in (
+            f"127.0.0.1:{port}",
+            "localhost",
+            f"localhost:{port}",
+            "[::1]",
+            f"[::1]:{port}",
+            "127.0.0.2",
+        ):
+            for path in ("/healthz", "/ui/login"):
+                assert httpx.get(f"{served.url}{path}", headers={"Host": host}).status_code == 200, host
+        assert row_state(sqlite_store, row)["state"] == "assigned"  # nothing was offered
+
+
 # --- limits and error classes ------------------------------------------------------
 
 

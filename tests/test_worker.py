@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,5 +160,75 @@ def test_a_token_of_another_ordinal_stops_the_worker_with_one_line(
     given_run(store, {"title": "x"})
     proc = worker(server, "true", token=tokens.ordinal_token(SECRET, 1))
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1 and "403 Forbidden" in err and "Traceback" not in err
+    assert proc.returncode == 2 and "403 Forbidden" in err and "Traceback" not in err  # refused: not retried
     assert err.strip().splitlines()[-1].startswith("poolctl: 403 Forbidden")
+
+
+PEEK = """
+import os
+try:
+    seen = open(f"/proc/{os.getppid()}/environ", "rb").read()
+except PermissionError:
+    print("denied")
+else:
+    print("read", len(seen))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="no /proc here")
+def test_the_command_cannot_read_the_workers_token_from_proc(
+    server: ServeProc, store: PoolStore, tmp_path: Path
+) -> None:
+    """Same user, so only the worker being undumpable keeps its environment (the token) from the command."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:  # root reads any process; without its capabilities it is any same-user process
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root, and no setpriv to drop root's capabilities")
+        prefix = [setpriv, "--bounding-set", "-all", "--inh-caps", "-all"]
+    row = given_run(store, {"title": "peek"})
+    secret_file = tmp_path / "token"
+    secret_file.write_text(tokens.ordinal_token(SECRET, 0) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_WORKER_TOKEN")}
+    proc = subprocess.Popen(
+        [
+            *prefix,
+            *POOLCTL,
+            "worker",
+            "--ordinal",
+            "0",
+            "--command",
+            python(PEEK),
+            "--url",
+            server.url,
+            "--once",
+        ],
+        env={**env, "POOL_WORKER_TOKEN_FILE": str(secret_file)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    finished(proc)
+    result = json.loads(row_state(store, row)["result"])
+    assert result["stdout_tail"] == "denied\n", result
+
+
+def test_the_token_file_and_a_token_are_one_or_the_other(server: ServeProc, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text(tokens.ordinal_token(SECRET, 0))
+    for extra, env, words in (
+        (["--token-file", str(tmp_path / "token")], {"POOL_WORKER_TOKEN": "x"}, "not both"),
+        (
+            ["--token-file", str(tmp_path / "missing")],
+            {},
+            "--token-file (POOL_WORKER_TOKEN_FILE): cannot read",
+        ),
+    ):
+        done = subprocess.run(
+            [*POOLCTL, "worker", "--ordinal", "0", "--command", "true", "--url", server.url, *extra],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        last = done.stderr.strip().splitlines()[-1]
+        assert done.returncode == 2 and last.startswith("poolctl: ") and words in last, done.stderr

@@ -254,6 +254,8 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
     app.add_middleware(
         limits.BodyLimit, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout_seconds
     )
+    if not secret:  # no token asked of anyone: only requests addressed to loopback (DNS rebinding)
+        app.add_middleware(limits.LoopbackHost)
     app.add_middleware(limits.RequestMetrics, requests=requests, seconds=seconds)
     return app
 

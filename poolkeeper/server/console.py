@@ -18,6 +18,7 @@ input or a refusal is one page with one sentence, never a traceback.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -61,6 +62,13 @@ DONE = {
     "cancel": "Cancelled: the task is done on the board and its live row, if any, is stale.",
     "unblock": "Unblocked: the task is ready again; its next claim gets a new run id.",
 }
+# What any path segment, query parameter or form field may hold: no control character (a NUL, an
+# escape, a line break: nothing a console page takes, and never echoed back raw) and no lone
+# surrogate, within a length. A form's free text (an abandon reason) may hold tabs and line breaks.
+MAX_PARAM_CHARS = 500
+MAX_FORM_CHARS = 4000
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_FORM_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 class Refused(Exception):
@@ -102,6 +110,8 @@ def router(settings: Settings, store: PoolStore) -> APIRouter:
         request: Request, template: str, build: Callable[[], dict[str, Any]], fragment: bool = False
     ) -> Response:
         """A guarded GET: sign in first; the store's refusals become one sentence, never a traceback."""
+        if (why := _input_refusal(request)) is not None:
+            return failure(request, 422, why, fragment)
         if not auth.signed_in(request):
             if fragment:  # htmx keeps the last good fragment; console.js says why
                 return failure(request, 401, "signed out: sign in again", fragment=True)
@@ -149,11 +159,15 @@ def router(settings: Settings, store: PoolStore) -> APIRouter:
 
     @ui.get("/login", response_class=HTMLResponse)
     def login_form(request: Request, next: str = "/ui") -> Response:
+        if (why := _input_refusal(request)) is not None:
+            return failure(request, 422, why)
         return render(request, "login.html", next=_safe_next(next), message=None, local_only=auth.local_only)
 
     @ui.post("/login", response_class=HTMLResponse)
     async def login(request: Request) -> Response:
         form = await _form(request)
+        if (why := _input_refusal(request, form)) is not None:
+            return failure(request, 422, why)
         target = _safe_next(form.get("next", "/ui"))
         why = None if auth.local_only else auth.check_token(form.get("token", ""))
         if why is not None:
@@ -167,6 +181,10 @@ def router(settings: Settings, store: PoolStore) -> APIRouter:
 
     @ui.post("/logout")
     async def logout(request: Request) -> Response:
+        form = await _form(request)
+        # a checked form, like any other, so no other site signs the operator out; signed out, nothing to end
+        if auth.signed_in(request) and (refused := _refused_form(request, form)) is not None:
+            return refused
         response = RedirectResponse("/ui/login", 303, headers=HEADERS)
         auth.end_session(response)
         return response
@@ -222,12 +240,20 @@ def router(settings: Settings, store: PoolStore) -> APIRouter:
     def unknown(request: Request, anything: str) -> Response:
         return page(request, "message.html", lambda: _no_page(anything))
 
-    async def _acting(request: Request, form: dict[str, str], act: Callable[[], str]) -> Response:
+    def _refused_form(request: Request, form: dict[str, str]) -> Response | None:
+        """The refusal page of a POST that may not act (bad input, ``console_auth.form_refusal``), or None."""
+        if (why := _input_refusal(request, form)) is not None:
+            return failure(request, 422, f"{why} Nothing was changed.")
         refusal = auth.form_refusal(request, form)
-        if refusal is not None:
-            status, why = refusal
-            log.warning("console: action refused from %s: %s", _client(request), why)
-            return failure(request, status, f"{why[0].upper()}{why[1:]}. Nothing was changed.")
+        if refusal is None:
+            return None
+        status, why = refusal
+        log.warning("console: action refused from %s: %s", _client(request), why)
+        return failure(request, status, f"{why[0].upper()}{why[1:]}. Nothing was changed.")
+
+    async def _acting(request: Request, form: dict[str, str], act: Callable[[], str]) -> Response:
+        if (refused := _refused_form(request, form)) is not None:
+            return refused
         try:
             target = await run_in_threadpool(act)
         except Refused as err:
@@ -245,9 +271,29 @@ def _no_page(path: str) -> dict[str, Any]:
 
 
 def _row_id(raw: str) -> int:
-    if not raw.isdigit() or not 1 <= int(raw) <= validate.MAX_ROW_ID:
+    # ASCII digits only: "²".isdigit() holds but int() refuses it, and int() reads an Arabic-Indic one as 1
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 10) or not 1 <= int(raw) <= validate.MAX_ROW_ID:
         raise Refused(404, f"no row {raw[:40]!r}: a row id is a whole number from 1 (see the overview)")
     return int(raw)
+
+
+def _input_refusal(request: Request, form: dict[str, str] | None = None) -> str | None:
+    """Why the request's path, query or form holds what no console page takes (one sentence); None if not."""
+    fields = [
+        (f"the address's {name}", v, MAX_PARAM_CHARS, _CONTROL) for name, v in request.path_params.items()
+    ]
+    for key, value in request.query_params.multi_items():
+        fields += [("a query parameter's name", key, MAX_PARAM_CHARS, _CONTROL)]
+        fields += [(f"the query parameter {validate.label(key, 40)}", value, MAX_PARAM_CHARS, _CONTROL)]
+    for key, value in (form or {}).items():
+        fields += [("a form field's name", key, MAX_PARAM_CHARS, _CONTROL)]
+        fields += [(f"the form field {validate.label(key, 40)}", value, MAX_FORM_CHARS, _FORM_CONTROL)]
+    for where, value, longest, forbidden in fields:
+        if forbidden.search(value):
+            return f"Refused: {where} holds a control character (such as NUL) or a lone surrogate."
+        if len(value) > longest:
+            return f"Refused: {where} is longer than {longest} characters."
+    return None
 
 
 def _safe_next(target: str) -> str:

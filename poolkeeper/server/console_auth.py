@@ -2,17 +2,19 @@
 
 The operator signs in once with the operator token (``poolctl token --operator``,
 checked by ``poolkeeper.tokens``); the server answers with a session cookie that
-holds an expiry and its HMAC under the server secret, never the token itself:
+holds an expiry, a random nonce (two sign-ins in one second are two sessions) and
+their HMAC under the server secret, never the token itself:
 HttpOnly (no script reads it), SameSite=Strict (no other site's page sends it),
 Secure when the request came over HTTPS, valid ``SESSION_SECONDS``. Rotating
 the secret ends every session, as it revokes every token.
 
-Every state-changing form carries a CSRF value, the HMAC of the session it was
+Every state-changing form (sign-out too) carries a CSRF value, the HMAC of the session it was
 rendered for; a POST is taken only with a live session, that value, and an
 ``Origin`` header (when the browser sends one) naming this server's host.
 
 A ``--local-only`` server has no secret and asks for no login, like its API; its
-forms are still bound to a key of the process's own.
+forms are still bound to a key of the process's own, and it answers only requests
+addressed to a loopback ``Host`` (``limits.LoopbackHost``: no DNS rebinding).
 """
 
 from __future__ import annotations
@@ -30,10 +32,17 @@ from poolkeeper import tokens
 COOKIE = "poolkeeper_console"
 SESSION_SECONDS = 12 * 3600
 CSRF_FIELD = "csrf"
+NONCE_BYTES = 8
 
 
 def _mac(key: bytes, subject: str) -> str:
     return hmac.new(key, subject.encode(), hashlib.sha256).hexdigest()
+
+
+def _same(given: str, expected: str) -> bool:
+    """A constant-time comparison with a MAC (hex); whatever ``given`` holds, never an exception."""
+    # compare_digest raises TypeError on a str that is not ASCII: compare bytes
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode())
 
 
 class ConsoleAuth:
@@ -59,7 +68,8 @@ class ConsoleAuth:
 
     def start_session(self, request: Request, response: Response, now: float | None = None) -> None:
         expires = int((now or time.time()) + SESSION_SECONDS)
-        value = f"{expires}.{_mac(self.key, f'console:session:{expires}')}"
+        nonce = secrets.token_hex(NONCE_BYTES)
+        value = f"{expires}.{nonce}.{_mac(self.key, f'console:session:{expires}.{nonce}')}"
         response.set_cookie(
             COOKIE,
             value,
@@ -77,10 +87,15 @@ class ConsoleAuth:
     def signed_in(self, request: Request, now: float | None = None) -> bool:
         if self.local_only:
             return True
-        expires, _, mac = request.cookies.get(COOKIE, "").partition(".")
-        if not expires.isdigit() or len(expires) > 12:
+        expires, _, rest = request.cookies.get(COOKIE, "").partition(".")
+        nonce, _, mac = rest.partition(".")
+        if (
+            not (expires.isascii() and expires.isdigit())
+            or len(expires) > 12
+            or len(nonce) != 2 * NONCE_BYTES
+        ):
             return False
-        good = hmac.compare_digest(mac, _mac(self.key, f"console:session:{expires}"))
+        good = _same(mac, _mac(self.key, f"console:session:{expires}.{nonce}"))
         return good and int(expires) > (now or time.time())
 
     # --- forms ---------------------------------------------------------------------
@@ -98,6 +113,6 @@ class ConsoleAuth:
         # host only: a TLS proxy in front changes the scheme the server sees, not the host
         if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
             return 403, "the form was sent from another site"
-        if not hmac.compare_digest(form.get(CSRF_FIELD, ""), self.csrf(request)):
+        if not _same(form.get(CSRF_FIELD, ""), self.csrf(request)):
             return 403, "the form's check value is missing or stale: reload the page and try again"
         return None

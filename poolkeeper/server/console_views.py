@@ -3,7 +3,8 @@
 Every row is turned into a plain dict inside its transaction, so templates
 never touch the database. The actions call what ``poolctl`` calls:
 ``store.transitions.requeue``, ``poolkeeper.operator.abandon`` and ``cancel``,
-``KanbanBoard.unblock_task``.
+``KanbanBoard.unblock_task``. Each row action is recorded in the row's audit
+trail as the operator's (``audit.OPERATOR``), as ``poolctl``'s are.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ class Pages:
     def act_on_row(self, action: str, row_id: int, reason: str, now: float) -> None:
         if action == "requeue":
             with self.store.session() as s:
-                transitions.requeue(s, row_id, now=now)
+                transitions.requeue(s, row_id, now=now, actor=audit.OPERATOR)
         else:
             operator.abandon(self.kanban, self.store, row_id, reason, now)
 

@@ -1,9 +1,14 @@
-"""Two ASGI middlewares: bounded request bodies, and request counters by route.
+"""Three ASGI middlewares: bounded request bodies, request counters by route, and loopback Hosts only.
 
 ``BodyLimit`` refuses a declared ``Content-Length`` over the limit before reading
 a byte (413), reads a chunked body only up to the limit, and gives a client
 ``timeout`` seconds to send all of it (408). The body is read here, on the event
 loop, so a slow sender holds its own connection and no worker thread.
+
+``LoopbackHost`` guards a ``--local-only`` server, which asks no one for a
+token: a request whose ``Host`` header is not a loopback name or address is
+refused (403) before it reaches a route, so another site's page that rebinds
+its own name to 127.0.0.1 (DNS rebinding) cannot drive the API or the console.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from poolkeeper.server.serve import is_loopback
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -103,3 +110,32 @@ class RequestMetrics:
             method = scope["method"] if scope["method"] in METHODS else "other"
             self.requests.labels(label, method, str(status)).inc()
             self.seconds.labels(label).observe(time.perf_counter() - started)
+
+
+class LoopbackHost:
+    """403 for a request addressed (``Host``) to anything but 127.0.0.1, [::1] or localhost, any port."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = dict(scope["headers"]).get(b"host")
+        if host is not None and not is_loopback(host_name(host.decode("latin-1"))):
+            detail = (
+                f"Host {host.decode('latin-1')[:80]!a} is not a loopback address: a --local-only server"
+                " answers only requests addressed to 127.0.0.1, [::1] or localhost"
+            )
+            await reply(send, 403, "NotLoopback", detail)
+            return
+        await self.app(scope, receive, send)
+
+
+def host_name(host: str) -> str:
+    """The name in a ``Host`` header, without its port: ``[::1]:8000`` is ``::1``."""
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    name, colon, port = host.rpartition(":")
+    return name if colon and port.isdigit() else host
