@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import text
 
 from core.settings import Settings
-from poolkeeper import simulate
+from poolkeeper import client
 from poolkeeper.embedded import ServeProc
 from store import Offer, PoolStore
 from tasks import registry, scan
@@ -43,8 +43,8 @@ def serving(settings: Settings, tmp: Path, *, secret: str, lease_seconds: float)
 
 
 def envelope(offer: Offer, delivery_id: str = "d1", **over: Any) -> dict[str, Any]:
-    """The simulated workers' envelope, with a fixed delivery id so a test can replay it."""
-    return simulate.envelope(offer, delivery_id=delivery_id, **over)
+    """The client's envelope, with a fixed delivery id so a test can replay it."""
+    return client.envelope(offer, delivery_id=delivery_id, **over)
 
 
 def grant(offer: Offer, **over: Any) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from core.validate import canonical_json, sha256
 from store import Child, Envelope, Offer, PoolStore, lineage, queries, transitions, worker
 from store.models import RowState
 from store.models import metadata as store_metadata
+from tests.factories import envelope, grant
 
 POOL, LEASE, MAX_ATTEMPTS, MAX_DEPTH = 2, 30.0, 2, 2
 LIVE = ("registered", "running")
@@ -130,7 +131,7 @@ class LineageMachine(RuleBasedStateMachine):
         for ordinal in range(POOL):
             self.add(ordinal)
             self.offer(ordinal, "w-1")
-            held = _held(self.grants[-1])
+            held = grant(self.grants[-1])
             self.kids.append(self.store.register_child(held, now=self.now))
             self.kids.append(self.store.register_child({**held, "under": self.kids[-1].id}, now=self.now))
 
@@ -220,7 +221,7 @@ class LineageMachine(RuleBasedStateMachine):
             under = data.draw(st.none() | st.sampled_from(mine)) if mine else None
             rows, kids = self.snapshot()
             row = next((r for r in rows if r["id"] == g.row_id), None)
-            held = {**_held(g), **({} if under is None else {"under": under.id})}
+            held = {**grant(g), **({} if under is None else {"under": under.id})}
             got = self.refused_changes_nothing(partial(self.store.register_child, held, now=self.now))
             if isinstance(got, Child):
                 assert self.current(row, g.fence) and row is not None and row["owner"] == g.owner
@@ -267,7 +268,7 @@ class LineageMachine(RuleBasedStateMachine):
         rows, kids = self.snapshot()
         row = next((r for r in rows if r["id"] == kid.row_id), None)
         got = self.refused_changes_nothing(
-            lambda: self.store.child_vanished({**_held(g), "child_id": kid.id}, now=self.now)
+            lambda: self.store.child_vanished({**grant(g), "child_id": kid.id}, now=self.now)
         )
         if isinstance(got, int):
             assert kids[kid.id]["status"] in LIVE and self.current(row, g.fence) and g.fence == kid.epoch
@@ -291,7 +292,7 @@ class LineageMachine(RuleBasedStateMachine):
                 s, g.ordinal, owner="w-3", pool_size=POOL, lease_seconds=LEASE, now=self.now
             ),
             "register": lambda s: lineage.register(
-                s, lineage.Grant.parse(_held(g)), under=None, max_depth=MAX_DEPTH, now=self.now
+                s, lineage.Grant.parse(grant(g)), under=None, max_depth=MAX_DEPTH, now=self.now
             ),
             "child": lambda s: kid
             and lineage.deliver(
@@ -338,24 +339,8 @@ class LineageMachine(RuleBasedStateMachine):
         assert all(len(e) == 1 for e in epochs.values()), "two live executions in one lineage"
 
 
-def _held(g: Offer) -> dict[str, Any]:
-    return {"row_id": g.row_id, "attempt": g.attempt, "fence": g.fence, "owner": g.owner}
-
-
 def _envelope(g: Offer, delivery_id: str, as_result: bool) -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "delivery_id": delivery_id,
-        "board": g.board,
-        "task_id": g.task_id,
-        "run_id": g.run_id,
-        "worker_ordinal": g.ordinal,
-        "attempt": g.attempt,
-        "fence": g.fence,
-        "payload_digest": g.payload_digest,
-    }
-    if as_result:
-        env["payload"] = {"status": "done"}
-    return env
+    return envelope(g, delivery_id, **({"payload": {"status": "done"}} if as_result else {}))
 
 
 TEMPLATE_DIR = tempfile.mkdtemp(prefix="pk-lineage-template-")

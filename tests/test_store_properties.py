@@ -24,7 +24,7 @@ from core.errors import DeliveryConflict, NotFound, OrdinalTaken, PoolError, Sta
 from core.settings import Settings
 from store import Offer, PoolStore, queries, rows, transitions
 from store.models import RowState
-from tests.factories import OWNER
+from tests.factories import OWNER, envelope
 
 settings.register_profile(
     "ci",
@@ -297,19 +297,8 @@ def _envelope_as(env: dict[str, Any], as_result: bool) -> dict[str, Any]:
 
 
 def _envelope(holder: Offer, delivery_id: str, as_result: bool) -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "delivery_id": delivery_id,
-        "board": holder.board,
-        "task_id": holder.task_id,
-        "run_id": holder.run_id,
-        "worker_ordinal": holder.ordinal,
-        "attempt": holder.attempt,
-        "fence": holder.fence,
-        "payload_digest": holder.payload_digest,
-    }
-    if as_result:
-        env["payload"] = {"status": "done", "by": holder.fence}
-    return env
+    result = {"payload": {"status": "done", "by": holder.fence}} if as_result else {}
+    return envelope(holder, delivery_id, **result)
 
 
 TestStoreMachine = StoreMachine.TestCase
