@@ -54,11 +54,7 @@ def snapshot(
         "oldest_lease_failed_seconds": None if oldest is None else round(now - oldest, 1),
         "quarantined": quarantined,
         "held_by_quarantined": held_by_quarantined,
-        "ordinals": {
-            "free": len(free),
-            "held": store.pool_size - len(free) - len(held_by_quarantined),
-            "quarantined": len(held_by_quarantined),
-        },
+        "ordinals": queries.ordinal_counts(free, held_by_quarantined, store.pool_size),
         "live_children": live_children,
         "audit_events": events,
         "board": board_counts,

@@ -70,6 +70,12 @@ def quarantined_ordinals(s: Session) -> list[int]:
     return sorted(s.scalars(select(A.ordinal).where(A.state.in_(_LIVE), A.quarantined)))
 
 
+def ordinal_counts(free: Sequence[int], quarantined: Sequence[int], pool_size: int) -> dict[str, int]:
+    """Ordinals free, held by a healthy live row, and held by a quarantined one (they sum to the pool)."""
+    held = pool_size - len(free) - len(quarantined)
+    return {"free": len(free), "held": held, "quarantined": len(quarantined)}
+
+
 def rows_of_board(s: Session, board: str, states: Iterable[RowState]) -> list[Assignment]:
     wanted = [state.value for state in states]
     return list(s.scalars(select(A).where(A.board == board, A.state.in_(wanted)).order_by(A.id)))

@@ -48,8 +48,8 @@ class StoreCollector:
         with self.store.session(readonly=True) as s:
             counts = queries.counts_by_state(s)
             quarantined = queries.quarantined_count(s)
-            free = len(queries.free_ordinals(s, self.store.pool_size))
-            stuck = len(queries.quarantined_ordinals(s))
+            free = queries.free_ordinals(s, self.store.pool_size)
+            ordinals = queries.ordinal_counts(free, queries.quarantined_ordinals(s), self.store.pool_size)
             live_children = lineage.live_count(s)
             events = queries.audit_events_written(s)
         rows = GaugeMetricFamily("poolkeeper_rows", "Pool store rows by state.", labels=["state"])
@@ -59,15 +59,14 @@ class StoreCollector:
         yield GaugeMetricFamily(
             "poolkeeper_quarantined_rows", "Rows quarantined after repeated failures.", value=quarantined
         )
-        ordinals = GaugeMetricFamily(
+        by_state = GaugeMetricFamily(
             "poolkeeper_ordinals",
             "Ordinals: free, held by a healthy live row, or held by a quarantined one (an operator's call).",
             labels=["state"],
         )
-        held = self.store.pool_size - free - stuck
-        for state, n in (("free", free), ("held", held), ("quarantined", stuck)):
-            ordinals.add_metric([state], n)
-        yield ordinals
+        for state, n in ordinals.items():
+            by_state.add_metric([state], n)
+        yield by_state
         yield GaugeMetricFamily(
             "poolkeeper_live_children",
             "Child executions registered or running under a current grant.",
