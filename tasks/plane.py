@@ -17,6 +17,7 @@ without Redis and for unit tests.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterable
@@ -31,32 +32,47 @@ from core.errors import ConfigError, TransientError, Unavailable
 from core.settings import Settings
 from store import PoolStore
 
-# A whole batch's locks in one round trip and one command: one token per batch, the
-# indexes (1-based) of the keys it did NOT win come back (in a storm, none: a reply of a
-# thousand won indexes cost more to parse than the locking). Released only where the
-# token still holds.
+# Each script takes a whole batch in one round trip: a key prefix and the batch's names as
+# one JSON array (ARGV), the keys composed inside the script. One argument per batch, not
+# one per key: packing a thousand keys cost the client more than Redis spent on them.
+# (A single Redis server allows keys a script composes; the Celery broker is one anyway.)
+#
+# Locks: one token per batch; the indexes (1-based) of the names it did NOT win come back
+# (in a storm, none: a reply of a thousand won indexes cost more to parse than the locking).
 _LOCK = """
 local busy = {}
-for i, key in ipairs(KEYS) do
-  if not redis.call('set', key, ARGV[1], 'NX', 'PX', ARGV[2]) then busy[#busy + 1] = i end
+for i, name in ipairs(cjson.decode(ARGV[4])) do
+  if not redis.call('set', ARGV[3] .. name, ARGV[1], 'NX', 'PX', ARGV[2]) then busy[#busy + 1] = i end
 end
 return busy
 """
+# Released only where the token still holds.
 _UNLOCK = """
 local n = 0
-for _, key in ipairs(KEYS) do
+for _, name in ipairs(cjson.decode(ARGV[3])) do
+  local key = ARGV[2] .. name
   if redis.call('get', key) == ARGV[1] then n = n + redis.call('del', key) end
 end
 return n
 """
-# Pending markers likewise: set where absent, the indexes of those already pending come back.
+# Pending markers: set where absent; the indexes of those already pending come back.
 _MARK = """
 local pending = {}
-for i, key in ipairs(KEYS) do
-  if not redis.call('set', key, '1', 'NX', 'EX', ARGV[1]) then pending[#pending + 1] = i end
+for i, name in ipairs(cjson.decode(ARGV[3])) do
+  if not redis.call('set', ARGV[2] .. name, '1', 'NX', 'EX', ARGV[1]) then pending[#pending + 1] = i end
 end
 return pending
 """
+_FORGET = """
+local n = 0
+for _, name in ipairs(cjson.decode(ARGV[2])) do n = n + redis.call('del', ARGV[1] .. name) end
+return n
+"""
+
+
+def _batch(names: list[str]) -> str:
+    """A batch's names as the scripts read them (UTF-8 as is, as redis-py would send a key)."""
+    return json.dumps(names, ensure_ascii=False, separators=(",", ":"))
 
 
 class Coordination(Protocol):
@@ -90,7 +106,8 @@ class RedisCoordination:
         self.r = client
         self.prefix = settings.namespace
         # EVALSHA: each script is sent once, then named by its digest
-        self._lock, self._unlock, self._mark = (client.register_script(s) for s in (_LOCK, _UNLOCK, _MARK))
+        scripts = (_LOCK, _UNLOCK, _MARK, _FORGET)
+        self._lock, self._unlock, self._mark, self._forget = (client.register_script(s) for s in scripts)
         self.lock_ms = int(settings.lock_ttl_seconds * 1000)
         # A marker outlives any message it stands for: a lost message is redelivered
         # within the visibility timeout, so it never needs a second one.
@@ -103,31 +120,32 @@ class RedisCoordination:
             return []
         token = uuid.uuid4().hex
         with _redis_errors():
-            busy = set(self._lock(keys=[f"{self.prefix}:lock:{k}" for k in keys], args=[token, self.lock_ms]))
+            busy = set(self._lock(args=[token, self.lock_ms, f"{self.prefix}:lock:", _batch(keys)]))
         return [None if i in busy else token for i in range(1, len(keys) + 1)]
 
     def unlock_many(self, held: dict[str, str]) -> None:
         by_token: dict[str, list[str]] = {}
         for key, token in held.items():
-            by_token.setdefault(token, []).append(f"{self.prefix}:lock:{key}")
+            by_token.setdefault(token, []).append(key)
         with _redis_errors():
             for token, names in by_token.items():
-                self._unlock(keys=names, args=[token])
+                self._unlock(args=[token, f"{self.prefix}:lock:", _batch(names)])
 
     def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]:
         keys = list(keys)
         if not keys:
             return []
-        names = [f"{self.prefix}:pending:{pass_name}:{k}" for k in keys]
         with _redis_errors():
-            pending = set(self._mark(keys=names, args=[self.pending_s]))
+            pending = set(
+                self._mark(args=[self.pending_s, f"{self.prefix}:pending:{pass_name}:", _batch(keys)])
+            )
         return [k for i, k in enumerate(keys, 1) if i not in pending]
 
     def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None:
-        names = [f"{self.prefix}:pending:{pass_name}:{key}" for key in keys]
+        names = list(keys)
         if names:
             with _redis_errors():
-                self.r.delete(*names)
+                self._forget(args=[f"{self.prefix}:pending:{pass_name}:", _batch(names)])
 
     def is_pending(self, pass_name: str, key: str) -> bool:
         with _redis_errors():
