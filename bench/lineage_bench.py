@@ -23,10 +23,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from sqlalchemy import create_engine, text
-from sqlalchemy.sql import visitors
 
 from store import PoolStore, lineage, transitions
 
@@ -147,14 +145,7 @@ def no_child_plan(postgres: str | None, tmp: str) -> str:
             )
             if store.engine.dialect.name == "postgresql":
                 conn.execute(text("ANALYZE child_executions"))
-        values = {"row_ids": [ids[0]], "now": T0}
-
-        def bind(param: Any) -> None:
-            if param.key in values:
-                param.value, param.required = values[param.key], False
-
-        stmt = visitors.cloned_traverse(lineage.RETIRE_RUNS, {}, {"bindparam": bind})
-        sql = str(stmt.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True}))
+        sql = lineage.RETIRE_RUNS_SQL.format(p=repr(T0), ids=ids[0])
         explain = "EXPLAIN QUERY PLAN " if store.engine.dialect.name == "sqlite" else "EXPLAIN "
         with store.connection() as conn:
             lines = [" ".join(str(c) for c in r) for r in conn.execute(text(explain + sql))]

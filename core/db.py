@@ -14,8 +14,11 @@ file before connecting, since connecting would create it.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
+import sqlite3
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -46,6 +49,11 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from core.errors import ConfigError, PoolError, TransientError, Unavailable
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
+# SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20 ms... between tries, so a writer that
+# finds the write lock taken for 3 ms sleeps 8, and writers taking turns (the plane's worker
+# processes, a server) spent most of their wait asleep with the lock free (bench/storm.py).
+# BEGIN IMMEDIATE is tried every WRITER_POLL_SECONDS instead, up to the busy timeout.
+WRITER_POLL_SECONDS = 0.0002
 _TRANSIENT_SQLITE_WORDS = ("locked", "busy", "disk i/o error", "unable to open")
 # SQLite error names (extended codes; the first prefix that matches wins) that no retry can fix.
 _PERMANENT_SQLITE = (
@@ -114,8 +122,24 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_on_begin(conn: Any) -> None:
-    mode = "DEFERRED" if conn.get_execution_options().get("readonly") else "IMMEDIATE"
-    conn.exec_driver_sql(f"BEGIN {mode}")
+    if conn.get_execution_options().get("readonly"):
+        conn.exec_driver_sql("BEGIN DEFERRED")
+        return
+    driver = conn.connection.driver_connection
+    driver.execute("PRAGMA busy_timeout = 0")  # only while taking the write lock: see WRITER_POLL_SECONDS
+    try:
+        deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+        while time.monotonic() < deadline:
+            try:
+                driver.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as err:
+                if err.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                    break
+            time.sleep(WRITER_POLL_SECONDS)
+        conn.exec_driver_sql("BEGIN IMMEDIATE")  # the last try fails as any statement does (translate)
+    finally:
+        driver.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
 
 
 def readonly(engine: Engine) -> Engine:
@@ -264,6 +288,33 @@ def driver_cursor(conn: Connection, sql: str) -> Iterator[Any]:
         raise sa_exc.DBAPIError.instance(sql, None, err, dialect.loaded_dbapi.Error) from None
     finally:
         cursor.close()
+
+
+@contextmanager
+def savepoint(conn: Connection) -> Iterator[None]:
+    """A SAVEPOINT in ``conn``'s transaction, on the driver's cursor: undone if the block raises.
+
+    What ``Connection.begin_nested`` does, without its bookkeeping, which cost more than
+    SQLite's own savepoint: the runner opens one for every part of a split batch.
+    """
+    name = f"pk_{next(_savepoints)}"
+    with driver_cursor(conn, f"SAVEPOINT {name}") as cursor:
+        cursor.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException as err:
+            driver = conn.connection.driver_connection
+            if conn.dialect.name == "sqlite" and not driver.in_transaction:  # type: ignore[union-attr]
+                # RAISE(ROLLBACK), ON CONFLICT ROLLBACK, a full disk: SQLite ended the whole
+                # transaction, so nothing of it will commit and nothing after may run in it.
+                raise TransientError(f"the database rolled the transaction back: {_short(err)}") from err
+            cursor.execute(f"ROLLBACK TO SAVEPOINT {name}")  # if this fails too, its error goes up
+            cursor.execute(f"RELEASE SAVEPOINT {name}")
+            raise
+        cursor.execute(f"RELEASE SAVEPOINT {name}")
+
+
+_savepoints = itertools.count()
 
 
 _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from core import db, validate
 from core.errors import DuplicateIdentity, InvalidInput, LostRace, OrdinalTaken
+from core.isolate import isolate
 from store import audit, lineage
 from store.models import TERMINAL_STATES, Assignment, ChildExecution, Delivery, EventKind, RowState
 from store.rows import CLEAR_BOOKKEEPING, get_row, guarded
@@ -119,6 +120,11 @@ _STATE = {state.value: state for state in RowState}  # a dict lookup per row, no
 _STATE_TERM = {"sqlite": "+state"}
 
 
+class Expired(NamedTuple):
+    moved: dict[int, Expiry]  # the rows fenced out
+    refused: dict[int, Exception]  # the rows the database would not change, with its error
+
+
 def expire_many(
     s: Session | Connection,
     row_ids: Sequence[int],
@@ -126,39 +132,51 @@ def expire_many(
     max_attempts: int,
     now: float,
     actor: str = audit.UNATTRIBUTED,
-) -> dict[int, Expiry]:
+) -> Expired:
     """Fence out the ``running`` rows among ``row_ids`` whose lease ended: one guarded UPDATE.
 
     Each row is re-offered (``assigned``, attempt + 1) or, at the last attempt,
     ``lease_failed``. The statement matches a row only while it is ``running``
     with an ended lease, so a duplicate message or a race with a fresh offer
-    finds nothing: a row missing from the answer lost its race. The statement
-    is atomic: if any row makes it fail, no row of the set changed (the runner
-    then splits the set to find the row). The old lease stays on the row (an
-    ``assigned`` row ignores it) for the metrics. The expired rows' events are
-    one more statement (``audit.expired``), never one per row.
+    finds nothing: a row in neither half of the answer lost its race. Where the
+    database refuses the statement for a row's sake, it runs again in parts, each
+    under a savepoint, until the refused rows stand alone (``core.isolate``): they
+    come back unchanged with their errors, and the others move. The old lease
+    stays on the row (an ``assigned`` row ignores it) for the metrics. The moved
+    rows' events are one more statement (``audit.expired``), never one per row or
+    per part, and so is their children's retirement.
     """
     if not row_ids:
-        return {}
+        return Expired({}, {})
     conn = s.connection() if isinstance(s, Session) else s
     p = db.placeholder(conn)
     state = _STATE_TERM.get(conn.dialect.name, "state")
-    sql = _EXPIRE_SQL.format(p=p, ids=",".join([p] * len(row_ids)), state=state)
-    got = db.raw(conn, sql, (max_attempts, max_attempts, now, *row_ids, now))
+
+    def attempt(part: Sequence[int]) -> list[Any]:
+        sql = _EXPIRE_SQL.format(p=p, ids=",".join([p] * len(part)), state=state)
+        with db.savepoint(conn):
+            return db.raw(conn, sql, (max_attempts, max_attempts, now, *part, now))
+
+    parts, refused = isolate(row_ids, attempt, goes_up=db.is_transient)
+    got = [row for part in parts for row in part]
     expired = [row_id for row_id, _, _ in got]
     audit.expired(conn, expired, actor=actor, now=now)  # same transaction, as is what follows
     lineage.retire_children(conn, expired, now, actor=actor)
-    return {row_id: Expiry(_STATE[state], lease_until) for row_id, state, lease_until in got}
+    moved = {row_id: Expiry(_STATE[state], lease_until) for row_id, state, lease_until in got}
+    return Expired(moved, dict(refused))
 
 
 def expire(
     s: Session | Connection, row_id: int, *, max_attempts: int, now: float, actor: str = audit.UNATTRIBUTED
 ) -> Expiry:
-    """``expire_many`` of one row; ``LostRace`` if it was not running with an ended lease."""
+    """``expire_many`` of one row: the database's error if it refused the row, ``LostRace`` if
+    the row was not running with an ended lease."""
     got = expire_many(s, [row_id], max_attempts=max_attempts, now=now, actor=actor)
-    if row_id not in got:
+    if row_id in got.refused:
+        raise got.refused[row_id]
+    if row_id not in got.moved:
         raise LostRace(f"expire: row {row_id} is not running with an ended lease")
-    return got[row_id]
+    return got.moved[row_id]
 
 
 def settle(

@@ -38,8 +38,9 @@ Key = Any  # a row id, a claim dict or "all": whatever the pass's scanner submit
 Submit = Callable[[str, Sequence[Key]], list[Key]]
 Finder = Callable[["Plane", float, Submit], int]
 KeyWork = Callable[["Plane", Key, float], "Outcome"]
-# (connection, plane, the batch's keys, now) -> each key's outcome; a key left out lost its race
-ConnectionWork = Callable[[Connection, "Plane", list[Key], float], dict[Key, "Outcome"]]
+# (connection, plane, the batch's keys, now) -> each key's outcome, or the error that refused
+# it (that key's failure, the others commit); a key left out lost its race
+ConnectionWork = Callable[[Connection, "Plane", list[Key], float], dict[Key, "Outcome | Exception"]]
 
 
 class Lock(StrEnum):

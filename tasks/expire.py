@@ -10,7 +10,8 @@ Evidence: the store's own lease; the update is conditional on the row still
 running with an ended lease, so a duplicate message or a late heartbeat can
 never apply twice.
 Store-only: a batch of rows is one prebuilt set-based UPDATE on the batch's
-connection (``tasks.runner`` splits it where it fails).
+connection; a row the database refuses is split out by the statement alone
+(``store.transitions.expire_many``) and recorded as that row's failure.
 Returns: ``reoffered`` or ``lease_failed`` per row (``lost_race`` if it moved on).
 """
 
@@ -25,13 +26,13 @@ from tasks.declaration import Lock, Outcome, Pass, due_rows
 from tasks.plane import Plane
 
 
-def run_in(conn: Connection, plane: Plane, row_ids: list[int], now: float) -> dict[int, Outcome]:
+def run_in(conn: Connection, plane: Plane, row_ids: list[int], now: float) -> dict[int, Outcome | Exception]:
     got = transitions.expire_many(
         conn, row_ids, max_attempts=plane.settings.max_attempts, now=now, actor=ACTOR
     )
     observe = metrics.EXPIRY_TO_REOFFER.observe
-    outcomes = {}
-    for row_id, (state, lease_until) in got.items():
+    outcomes: dict[int, Outcome | Exception] = dict(got.refused)  # each a failure of its own row
+    for row_id, (state, lease_until) in got.moved.items():
         observe(max(0.0, now - lease_until))
         outcomes[row_id] = Outcome.REOFFERED if state is RowState.ASSIGNED else Outcome.LEASE_FAILED
     return outcomes

@@ -6,8 +6,8 @@ other failure is this key's alone and the next key goes on regardless.
 
 Store-only passes take a whole batch in one transaction with one set-based
 statement (one commit and one statement instead of one per row); where the
-statement fails it is split in ``SPLIT`` parts down to the failing keys, so a poisoned
-row never fails or delays its neighbours. If the commit fails, every key of
+statement fails it is split in parts down to the failing keys (``core.isolate``), so a
+poisoned row never fails its neighbours. If the commit fails, every key of
 the batch comes back as transient and is retried alone.
 """
 
@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection
 
+from core import db
 from core.errors import ProtocolError, TransientError
+from core.isolate import isolate
 from tasks import failures, metrics, registry
 from tasks.declaration import QUIET, ROUTINE, Key, Outcome, Pass
 from tasks.failures import ErrorClass
@@ -72,11 +75,6 @@ class BatchResult:
             parts.append(f"transient={len(self.transient)}")
         return " ".join(parts)
 
-
-# A failed set statement is retried as this many parts, recursively. Halves cost ~40% more
-# statements, and more rows in failing statements, on a batch of 1,000 with 1% to 10%
-# poisoned rows, clustered or scattered; every failed statement is pure cost.
-SPLIT = 16
 
 # Outcomes that leave the key's failure streak open: its report is not forgotten.
 UNSETTLED = frozenset({Outcome.FAILED, Outcome.QUARANTINED, Outcome.DEFERRED, Outcome.RETRY_LATER})
@@ -138,11 +136,11 @@ def _run_in_one_transaction(
     plane: Plane, p: Pass, keys: list[Key], now: float, result: BatchResult, abort: Abort
 ) -> None:
     """The whole batch in one transaction: one set statement, split only where it fails."""
-    done: list[tuple[Key, Outcome]] = []
-    failed: list[tuple[Key, BaseException]] = []
+    if not keys:
+        return
     try:
         with plane.store.connection() as conn:
-            _apply(conn, plane, p, keys, now, abort, done, failed)
+            done, failed = _apply(conn, plane, p, keys, now, abort)
     except TransientError as busy:
         result.transient.extend((k, busy) for k in keys)
         return
@@ -152,45 +150,41 @@ def _run_in_one_transaction(
 
 
 def _apply(
-    conn: Connection,
-    plane: Plane,
-    p: Pass,
-    keys: list[Key],
-    now: float,
-    abort: Abort,
-    done: list[tuple[Key, Outcome]],
-    failed: list[tuple[Key, BaseException]],
-) -> None:
-    """Apply the pass to ``keys`` at once; if that fails, to ``SPLIT`` parts, down to the failing keys.
+    conn: Connection, plane: Plane, p: Pass, keys: list[Key], now: float, abort: Abort
+) -> tuple[list[tuple[Key, Outcome]], list[tuple[Key, Exception]]]:
+    """Apply the pass to ``keys`` at once, else in parts down to the failing keys (``core.isolate``).
 
     Each attempt runs under a SAVEPOINT, on every database: a pass's work is
     several statements (the transition, its audit events, its children's
     retirement), and a failure in a later one must undo the earlier ones, which
     one statement's own atomicity would not. So the healthy neighbours of a
     poisoned row still commit whole, each key's outcome is its own, and the
-    poisoned row is recorded alone, unchanged.
+    poisoned row is recorded alone, unchanged. A pass may also name the error
+    that refused a key as that key's outcome (``expire`` does): it is the key's
+    failure, as if its part had failed alone.
     """
     assert p.run_in is not None
-    if not keys:
-        return
-    try:
-        with conn.begin_nested():
-            got = p.run_in(conn, plane, keys, now)
-    except TransientError:
-        raise
-    except abort:
-        raise
-    except Exception as err:
-        if failures.classify(err) is ErrorClass.TRANSIENT:
-            raise  # the transaction may be gone: the whole batch is retried
-        if len(keys) == 1:
-            if isinstance(err, ProtocolError):
-                done.append((keys[0], failures.handle(plane, p, keys[0], err, now)))
-            else:
-                failed.append((keys[0], err))  # recorded on its row after the commit
-            return
-        size = -(-len(keys) // SPLIT)
-        for start in range(0, len(keys), size):
-            _apply(conn, plane, p, keys[start : start + size], now, abort, done, failed)
-        return
-    done.extend((k, got.get(k, Outcome.LOST_RACE)) for k in keys)
+    run_in = p.run_in
+
+    def attempt(part: Sequence[Key]) -> list[tuple[Key, Outcome | Exception]]:
+        with db.savepoint(conn):
+            got = run_in(conn, plane, list(part), now)
+        return [(k, got.get(k, Outcome.LOST_RACE)) for k in part]
+
+    def goes_up(err: BaseException) -> bool:  # the transaction may be gone: the batch is retried
+        return isinstance(err, abort) or failures.classify(err) is ErrorClass.TRANSIENT
+
+    parts, failed = isolate(keys, attempt, goes_up=goes_up)
+    done: list[tuple[Key, Outcome]] = []
+    for key, outcome in (pair for part in parts for pair in part):
+        if isinstance(outcome, Exception):
+            failed.append((key, outcome))
+        else:
+            done.append((key, outcome))
+    recorded_later = []
+    for key, err in failed:
+        if isinstance(err, ProtocolError):
+            done.append((key, failures.handle(plane, p, key, err, now)))
+        else:
+            recorded_later.append((key, err))  # recorded on its row after the commit
+    return done, recorded_later

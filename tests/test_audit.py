@@ -60,7 +60,7 @@ def event_count(store: PoolStore) -> int:
 
 def expired(store: PoolStore, row_ids: list[int], now: float, max_attempts: int = 3) -> dict[int, Any]:
     with store.session() as s:
-        return transitions.expire_many(s, row_ids, max_attempts=max_attempts, now=now, actor=EXPIRE)
+        return transitions.expire_many(s, row_ids, max_attempts=max_attempts, now=now, actor=EXPIRE).moved
 
 
 # --- one event per transition ---------------------------------------------------

@@ -93,10 +93,15 @@ def _plan(store: PoolStore, stmt: Any, **values: Any) -> str:
         if param.key in values:
             param.value, param.required = values[param.key], False
 
-    dialect = store.engine.dialect
     stmt = visitors.cloned_traverse(stmt, {}, {"bindparam": bind})
-    sql = str(stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
-    explain = "EXPLAIN QUERY PLAN " if dialect.name == "sqlite" else "EXPLAIN "
+    return _plan_sql(
+        store, str(stmt.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True}))
+    )
+
+
+def _plan_sql(store: PoolStore, sql: str) -> str:
+    """The database's plan for ``sql``, written with its values."""
+    explain = "EXPLAIN QUERY PLAN " if store.engine.dialect.name == "sqlite" else "EXPLAIN "
     with store.session(readonly=True) as s:
         return "\n".join(" ".join(str(c) for c in r) for r in s.execute(text(explain + sql)))
 
@@ -134,7 +139,7 @@ def test_retiring_a_run_without_children_is_one_index_probe(store: PoolStore) ->
     other = given_running(store, ordinal=1, task_id="t2")
     _many_children(store, other.row_id, 5000)
 
-    plan = _plan(store, lineage.RETIRE_RUNS, row_ids=[offer.row_id], now=NOW)
+    plan = _plan_sql(store, lineage.RETIRE_RUNS_SQL.format(p=repr(NOW), ids=offer.row_id))
 
     if store.engine.dialect.name == "sqlite":
         assert re.search(r"SEARCH child_executions USING INDEX ix_\w+_row_id \(row_id=\?\)", plan), plan

@@ -8,11 +8,15 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from sqlalchemy import text
 
 from board import FlakyBoard, KanbanBoard, TaskStatus
 from core.errors import CorruptRow, TransientError
-from store import audit, queries, transitions
+from core.isolate import isolate
+from store import PoolStore, audit, queries, transitions
 from store.models import RowState
 from tasks import failures, registry, runner
 from tasks.maintain import maintain_once
@@ -519,3 +523,92 @@ def test_a_store_only_batch_splits_around_its_poisoned_rows(
         else:
             assert (got["state"], got["attempt"], got["failures"]) == ("assigned", 2, 0)
             assert kinds.count("expiry") == 1
+
+
+@given(
+    n=st.integers(min_value=0, max_value=300),
+    poisoned=st.sets(st.integers(min_value=0, max_value=299), max_size=40),
+)
+@hsettings(max_examples=200, deadline=None)
+def test_isolate_finds_exactly_the_failing_keys_and_does_every_other_once(n: int, poisoned: set[int]) -> None:
+    keys = list(range(n))
+    bad = {k for k in poisoned if k < n}
+    done: list[int] = []
+
+    def attempt(part: Sequence[int]) -> list[int]:
+        if bad & set(part):
+            raise ValueError(f"poisoned {sorted(bad & set(part))}")
+        done.extend(part)
+        return list(part)
+
+    results, failed = isolate(keys, attempt, goes_up=lambda err: False)
+
+    assert [k for k, _ in failed] == sorted(bad)
+    assert all(str(k) in str(err) for k, err in failed)
+    assert [k for part in results for k in part] == [k for k in keys if k not in bad]
+    assert done == [k for k in keys if k not in bad]  # each healthy key's work done once, in order
+
+
+def test_isolate_stops_at_an_error_that_goes_up() -> None:
+    def attempt(part: Sequence[int]) -> None:
+        raise TransientError("store busy") if len(part) < 4 else ValueError("split me")
+
+    with pytest.raises(TransientError, match="store busy"):
+        isolate(list(range(64)), attempt, goes_up=lambda err: isinstance(err, TransientError))
+
+
+def test_a_scattered_poison_is_refused_row_by_row_and_the_rest_expire_with_one_event_each(
+    store: PoolStore, make_row: Any
+) -> None:
+    poisoned = set(range(5, 200, 13))
+    rows = [
+        make_row(
+            RowState.RUNNING, ordinal=i, task_id=f"{'poison' if i in poisoned else 'ok'}{i}", lease_until=1.0
+        )
+        for i in range(200)
+    ]
+    with store.session() as s:
+        dialect = s.get_bind().dialect.name
+        for sql in POISON_SQL[dialect]:
+            s.execute(text(sql))
+    try:
+        with store.session() as s:
+            got = transitions.expire_many(s, rows, max_attempts=3, now=NOW, actor="pass:expire")
+    finally:
+        with store.session() as s:
+            s.execute(
+                text("DROP TRIGGER IF EXISTS poison" + ("" if dialect == "sqlite" else " ON assignments"))
+            )
+    bad = {rows[i] for i in poisoned}
+    assert set(got.refused) == bad and all("poisoned row" in str(err) for err in got.refused.values())
+    assert set(got.moved) == set(rows) - bad
+    with store.session(readonly=True) as s:
+        for row in rows:
+            kinds = [e["kind"] for e in audit.history(s, row)]
+            assert kinds.count("expiry") == (row not in bad)
+            assert row_state(store, row)["state"] == ("running" if row in bad else "assigned")
+
+
+def test_a_row_that_rolls_back_the_whole_transaction_leaves_the_batch_unchanged_and_transient(
+    plane: Plane, make_row: Any
+) -> None:
+    """SQLite's RAISE(ROLLBACK) ends the transaction, savepoints and all: no part may go on
+    without it (it would commit on its own), so the whole batch comes back transient."""
+    if plane.store.engine.dialect.name != "sqlite":
+        pytest.skip("only SQLite lets a statement end the transaction it runs in")
+    rows = [make_row(RowState.RUNNING, ordinal=i, task_id=f"ok{i}", lease_until=1.0) for i in range(8)]
+    rows.append(make_row(RowState.RUNNING, ordinal=8, task_id="poison8", lease_until=1.0))
+    with plane.store.session() as s:
+        s.execute(
+            text(
+                "CREATE TRIGGER poison BEFORE UPDATE OF state ON assignments WHEN OLD.task_id LIKE 'poison%'"
+                " BEGIN SELECT RAISE(ROLLBACK, 'poisoned row'); END"
+            )
+        )
+    result = runner.run_batch(plane, "expire", rows, NOW)
+
+    assert [k for k, _ in result.transient] == rows and not result.done
+    assert all("rolled the transaction back" in str(err) for _, err in result.transient)
+    assert {row_state(plane.store, row)["state"] for row in rows} == {"running"}
+    with plane.store.session(readonly=True) as s:
+        assert not [e for row in rows for e in audit.history(s, row) if e["kind"] == "expiry"]

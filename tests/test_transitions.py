@@ -385,9 +385,10 @@ def test_expire_is_progress_and_ends_the_failure_streak(
         bookkeeping.record_failure(s, row, "boom", policy=RetryPolicy(quarantine_after=1), now=NOW)
     assert row_state(store, row)["quarantined"]
     with store.session() as s:
-        assert transitions.expire_many(s, [row, 999], max_attempts=3, now=NOW) == {
-            row: transitions.Expiry(RowState.ASSIGNED, NOW - 1)
-        }
+        assert transitions.expire_many(s, [row, 999], max_attempts=3, now=NOW) == (
+            {row: transitions.Expiry(RowState.ASSIGNED, NOW - 1)},
+            {},
+        )
     got = row_state(store, row)
     assert (got["failures"], got["last_error"], got["next_attempt_at"], bool(got["quarantined"])) == (
         0,
