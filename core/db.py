@@ -126,16 +126,16 @@ def _sqlite_on_begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN DEFERRED")
         return
     driver = conn.connection.driver_connection
-    driver.execute("PRAGMA busy_timeout = 0")  # only while taking the write lock: see WRITER_POLL_SECONDS
     try:
+        driver.execute("PRAGMA busy_timeout = 0")  # only while taking the write lock: WRITER_POLL_SECONDS
         deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
         while time.monotonic() < deadline:
             try:
                 driver.execute("BEGIN IMMEDIATE")
                 return
-            except sqlite3.OperationalError as err:
-                if err.sqlite_errorcode != sqlite3.SQLITE_BUSY:
-                    break
+            except sqlite3.Error as err:
+                if err.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # the primary code
+                    break  # not busy (a damaged file, say): the last try says what it is
             time.sleep(WRITER_POLL_SECONDS)
         conn.exec_driver_sql("BEGIN IMMEDIATE")  # the last try fails as any statement does (translate)
     finally:

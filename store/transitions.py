@@ -157,13 +157,19 @@ def expire_many(
         with db.savepoint(conn):
             return db.raw(conn, sql, (max_attempts, max_attempts, now, *part, now))
 
-    parts, refused = isolate(row_ids, attempt, goes_up=db.is_transient)
+    parts, refused = isolate(row_ids, attempt, goes_up=_not_a_refusal)
     got = [row for part in parts for row in part]
     expired = [row_id for row_id, _, _ in got]
     audit.expired(conn, expired, actor=actor, now=now)  # same transaction, as is what follows
     lineage.retire_children(conn, expired, now, actor=actor)
     moved = {row_id: Expiry(_STATE[state], lease_until) for row_id, state, lease_until in got}
     return Expired(moved, dict(refused))
+
+
+def _not_a_refusal(err: BaseException) -> bool:
+    """Only the database refusing a row is that row's: anything else (a busy store, the
+    worker's time limit, a bug) ends the whole search."""
+    return not isinstance(err, exc.DBAPIError) or db.is_transient(err)
 
 
 def expire(

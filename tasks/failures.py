@@ -12,6 +12,8 @@ Every pass and the runner go through here (docs/design.md, "Error classes"):
 
 Reports are logged once per distinct (pass, key, detail), with bounded
 memory, and forgotten when the key succeeds, so a recurrence is seen again.
+Rows of one batch that fail alike share one line (``expire rows 3, 4, 11
+failed (1 in a row): …``); each row's own record holds its error.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from enum import StrEnum
+
+from sqlalchemy.exc import DBAPIError
 
 from core.db import is_transient
 from core.errors import CapabilityError, LostRace, ProtocolError
@@ -83,6 +87,10 @@ reporter = Reporter()
 
 
 def describe(err: BaseException) -> str:
+    """The error as an operator reads it: a database's own error, not the SQL layer's wrapping
+    (the statement and a link, the same for every row a storm's statement refuses)."""
+    if isinstance(err, DBAPIError) and err.orig is not None:
+        err = err.orig
     return f"{type(err).__name__}: {err}"
 
 
@@ -95,6 +103,14 @@ def handle(plane: Plane, p: Pass, key: Key, err: Exception, now: float) -> Outco
         reporter.once(p.name, p.key_name(key), f"deferred: {err}")
         return Outcome.DEFERRED
     return record(plane, p, [(key, err)], now, counts=True)[0]
+
+
+def _rows(row_ids: list[int], shown: int = 20) -> str:
+    """``row 7``, ``rows 7, 9, 12``, or the first ``shown`` and how many more."""
+    if len(row_ids) == 1:
+        return f"row {row_ids[0]}"
+    more = f" and {len(row_ids) - shown} more" if len(row_ids) > shown else ""
+    return "rows " + ", ".join(map(str, row_ids[:shown])) + more
 
 
 def give_up(plane: Plane, p: Pass, key: Key, err: BaseException, now: float) -> Outcome:
@@ -133,8 +149,11 @@ def record(
         [(key, err)] = failed  # this row cannot take the record (or the store is failing): report it
         reporter.once(p.name, str(key), f"{describe(err)} (unrecorded: {inner})", logging.ERROR)
         return [Outcome.FAILED]
+    alike: dict[tuple[str, str], list[int]] = {}  # one line per distinct report, not per row
     for row_id, f in got.items():
         if f.new_detail:
             streak = f"{f.failures} in a row" + (", quarantined" if f.quarantined else "")
-            log.log(level, "%s row %s failed (%s): %s", p.name, row_id, streak, errors[row_id])
+            alike.setdefault((streak, errors[row_id]), []).append(row_id)
+    for (streak, error), row_ids in alike.items():
+        log.log(level, "%s %s failed (%s): %s", p.name, _rows(row_ids), streak, error)
     return [Outcome.QUARANTINED if counts and got[int(k)].quarantined else settled for k, _ in failed]

@@ -8,9 +8,14 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import text
 
+from core import db
+from core.errors import ConfigError
 from core.settings import Settings
 from store import PoolStore
 
@@ -59,3 +64,63 @@ def test_sigkill_mid_write_loses_no_acknowledged_transition(tmp_path: Path) -> N
     for i, fence in acked:
         assert rows[f"t{i}"] == ("lease_failed", fence)
     assert (live or 0) <= 1  # at most the write in flight when the kill landed
+
+
+def _sqlite_table(path: Path, rows: int) -> None:
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA journal_mode=WAL")
+    raw.execute("CREATE TABLE t (v INTEGER)")
+    raw.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(rows)])
+    raw.commit()
+    raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    raw.close()
+
+
+def test_a_write_on_a_file_damaged_under_an_open_connection_is_a_config_error(tmp_path: Path) -> None:
+    """Taking the write lock polls past a busy file only: any other refusal (here SQLite's
+    "malformed") reaches ``translate`` as the same statement's error would."""
+    path = tmp_path / "t.db"
+    _sqlite_table(path, 5000)
+    engine = db.make_engine(f"sqlite:///{path}", pool_size=1, max_overflow=0)
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT count(*) FROM t")).scalar() == 5000  # a pooled connection
+    with open(path, "r+b") as f:
+        f.truncate(1)
+    with (
+        pytest.raises(ConfigError, match=r"damaged or truncated|not a SQLite database"),
+        db.transient_errors("store"),
+        engine.begin() as conn,
+    ):
+        conn.execute(text("INSERT INTO t VALUES (1)"))
+
+
+class _InterruptedAfterPragma(sqlite3.Connection):
+    """A connection whose worker is interrupted (a time limit) right after it turned the busy wait off."""
+
+    armed = True
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        cursor = super().execute(sql, *args)
+        if sql == "PRAGMA busy_timeout = 0" and _InterruptedAfterPragma.armed:
+            _InterruptedAfterPragma.armed = False
+            raise SoftTimeLimitExceeded
+        return cursor
+
+
+def test_an_interrupted_begin_leaves_the_pooled_connection_its_busy_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    _sqlite_table(path, 10)
+    engine = db.make_engine(
+        f"sqlite:///{path}",
+        pool_size=1,
+        max_overflow=0,
+        connect_args={"factory": _InterruptedAfterPragma, "timeout": db.SQLITE_BUSY_TIMEOUT_MS / 1000},
+    )
+    with pytest.raises(SoftTimeLimitExceeded), engine.begin() as conn:
+        conn.execute(text("INSERT INTO t VALUES (1)"))
+    pooled = engine.raw_connection()  # the same connection, no BEGIN (which would set it again)
+    try:
+        timeout = pooled.cursor().execute("PRAGMA busy_timeout").fetchone()
+        assert timeout == (db.SQLITE_BUSY_TIMEOUT_MS,)
+    finally:
+        pooled.close()

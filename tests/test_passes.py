@@ -8,12 +8,14 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from celery.exceptions import SoftTimeLimitExceeded
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
 from board import FlakyBoard, KanbanBoard, TaskStatus
+from core import db
 from core.errors import CorruptRow, TransientError
 from core.isolate import isolate
 from store import PoolStore, audit, queries, transitions
@@ -612,3 +614,50 @@ def test_a_row_that_rolls_back_the_whole_transaction_leaves_the_batch_unchanged_
     assert {row_state(plane.store, row)["state"] for row in rows} == {"running"}
     with plane.store.session(readonly=True) as s:
         assert not [e for row in rows for e in audit.history(s, row) if e["kind"] == "expiry"]
+
+
+def test_rows_of_a_batch_failing_alike_share_one_line_naming_the_database_error(
+    plane: Plane, make_row: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = [make_row(RowState.RUNNING, ordinal=i, task_id=f"poison{i}", lease_until=1.0) for i in range(25)]
+    with plane.store.session() as s:
+        dialect = s.get_bind().dialect.name
+        for sql in POISON_SQL[dialect]:
+            s.execute(text(sql))
+    caplog.set_level(logging.INFO, "poolkeeper")
+    try:
+        assert runner.run_batch(plane, "expire", rows, NOW).outcomes == {"failed": 25}
+    finally:
+        with plane.store.session() as s:
+            s.execute(
+                text("DROP TRIGGER IF EXISTS poison" + ("" if dialect == "sqlite" else " ON assignments"))
+            )
+    lines = [r.getMessage() for r in caplog.records if "failed (1 in a row)" in r.getMessage()]
+    shown = ", ".join(map(str, rows[:20]))
+    assert len(lines) == 1 and lines[0].startswith(f"expire rows {shown} and 5 more failed (1 in a row): ")
+    assert "poisoned row" in lines[0] and "[SQL:" not in lines[0]
+    error = row_state(plane.store, rows[0])["last_error"]
+    assert "poisoned row" in error and "[SQL:" not in error and "sqlalche.me" not in error
+
+
+@pytest.mark.parametrize("size", [1, 5])
+def test_the_time_limit_during_a_batch_statement_ends_the_batch_and_is_no_rows_failure(
+    plane: Plane, make_row: Any, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """Only the database refusing a row is that row's failure: the worker's time limit going
+    off mid-statement is no row's fault, and goes up to end the message."""
+    rows = [make_row(RowState.RUNNING, ordinal=i, task_id=f"ok{i}", lease_until=1.0) for i in range(size)]
+    real = db.raw
+
+    def raw(conn: Any, sql: str, params: Any) -> list[Any]:
+        if sql.startswith("UPDATE assignments"):
+            raise SoftTimeLimitExceeded()
+        return real(conn, sql, params)
+
+    monkeypatch.setattr(db, "raw", raw)
+    with pytest.raises(SoftTimeLimitExceeded):
+        runner.run_batch(plane, "expire", rows, NOW, abort=(SoftTimeLimitExceeded,))
+    monkeypatch.undo()
+    for row in rows:
+        got = row_state(plane.store, row)
+        assert (got["state"], got["failures"], got["last_error"]) == ("running", 0, None)
