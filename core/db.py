@@ -134,7 +134,8 @@ def _sqlite_on_begin(conn: Any) -> None:
                 driver.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.Error as err:
-                if err.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # the primary code
+                code = getattr(err, "sqlite_errorcode", None)  # none on the driver's own errors
+                if code is None or code & 0xFF != sqlite3.SQLITE_BUSY:  # the primary code
                     break  # not busy (a damaged file, say): the last try says what it is
             time.sleep(WRITER_POLL_SECONDS)
         conn.exec_driver_sql("BEGIN IMMEDIATE")  # the last try fails as any statement does (translate)
