@@ -388,7 +388,7 @@ def main() -> None:
     )
     parser.add_argument("--big", type=int, default=100_000, help="rows of the default-settings storm")
     parser.add_argument("--naive-rows", type=int, default=2_000, help="the naive plane is slow; a sample")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds, best of each")
     parser.add_argument("--quick", action="store_true", help="skip the default-settings and PostgreSQL runs")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

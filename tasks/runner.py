@@ -59,11 +59,12 @@ class BatchResult:
             return  # the everyday case of a storm: nothing to name, nothing to forget
         for key, outcome in self.done:
             name = self.p.key_name(key)
+            if outcome in UNSETTLED:
+                continue  # tasks.failures reported it, once, with its error
             if outcome not in QUIET and (debug or outcome not in ROUTINE):
                 level = logging.DEBUG if outcome in ROUTINE else logging.INFO
                 log.log(level, "%s %s: %s", self.p.name, name, outcome)
-            if outcome not in UNSETTLED:
-                failures.reporter.succeeded(self.p.name, name)
+            failures.reporter.succeeded(self.p.name, name)
 
     def summary(self) -> str:
         """``"reoffered=198 lock_busy=2"``, or empty when nothing happened worth a line."""
