@@ -128,7 +128,8 @@ def _sqlite_on_begin(conn: Any) -> None:
         return
     driver = conn.connection.driver_connection
     deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
-    if not _poller.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
+    poller = _poller(conn.engine.url.database or "")
+    if not poller.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
         conn.exec_driver_sql("BEGIN IMMEDIATE")  # waited the busy timeout already: fails as any statement
         return
     try:
@@ -144,22 +145,30 @@ def _sqlite_on_begin(conn: Any) -> None:
             time.sleep(WRITER_POLL_SECONDS)
         conn.exec_driver_sql("BEGIN IMMEDIATE")  # the last try fails as any statement does (translate)
     finally:
-        _poller.release()
+        poller.release()
         driver.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
 
 
-# One thread of a process polls for the write lock at a time; the others wait their turn on
-# this lock, which wakes them at once. Sixty-four threads polling together spent the lock
-# holder's time on the interpreter lock: 100 transactions/s instead of 2,100 (bench/api_bench.py).
-_poller = threading.Lock()
+# One thread of a process polls for a database's write lock at a time; the others wait their
+# turn on a lock of the process's, which wakes them at once. Sixty-four threads polling together
+# spent the lock holder's time on the interpreter lock: 100 transactions/s instead of 2,100
+# (bench/api_bench.py). One per database file, so a writer of one never waits on another's.
+_pollers: dict[str, threading.Lock] = {}
+_pollers_guard = threading.Lock()
 
 
-def _new_poller_after_fork() -> None:
-    global _poller
-    _poller = threading.Lock()  # a thread of the parent may have held it at the fork
+def _poller(database: str) -> threading.Lock:
+    with _pollers_guard:
+        return _pollers.setdefault(database, threading.Lock())
 
 
-os.register_at_fork(after_in_child=_new_poller_after_fork)
+def _new_pollers_after_fork() -> None:
+    global _pollers_guard
+    _pollers.clear()  # a thread of the parent may have held one at the fork
+    _pollers_guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_pollers_after_fork)
 
 
 def readonly(engine: Engine) -> Engine:

@@ -7,6 +7,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +160,36 @@ def test_threads_and_processes_writing_at_once_all_get_their_turn(tmp_path: Path
     assert [p.returncode for p in procs] == [0, 0], errors
     with sqlite3.connect(path) as raw:
         assert raw.execute("SELECT count(*) FROM t").fetchone() == (2 * 8 * 40,)
+
+
+def test_a_writer_of_one_file_never_waits_on_the_pollers_of_another(tmp_path: Path) -> None:
+    """This thread holds a's write lock while another polls for it, then writes b: b's turn
+    is b's own, so it goes at once, commits, and a's poller gets a's lock in its turn."""
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    _sqlite_table(a, 0)
+    _sqlite_table(b, 0)
+    on_a, on_b = db.make_engine(f"sqlite:///{a}"), db.make_engine(f"sqlite:///{b}")
+    errors: list[BaseException] = []
+
+    def second_writer_of_a() -> None:
+        try:
+            with db.transient_errors("a"), on_a.begin() as conn:
+                conn.execute(text("INSERT INTO t VALUES (2)"))
+        except Exception as err:
+            errors.append(err)
+
+    waiter = threading.Thread(target=second_writer_of_a)
+    with on_a.begin() as conn:
+        conn.execute(text("INSERT INTO t VALUES (1)"))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not db._poller(str(a)).locked():  # the waiter is polling for a's write lock
+            assert time.monotonic() < deadline, "the second writer never started polling"
+            time.sleep(0.001)
+        with on_b.begin() as other:
+            other.execute(text("INSERT INTO t VALUES (1)"))
+    waiter.join()
+    assert not errors
+    for path, rows in ((a, 2), (b, 1)):
+        with sqlite3.connect(path) as raw:
+            assert raw.execute("SELECT count(*) FROM t").fetchone() == (rows,)
