@@ -127,14 +127,13 @@ def _sqlite_on_begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN DEFERRED")
         return
     driver = conn.connection.driver_connection
-    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
     poller = _poller(conn.engine.url.database or "")
-    if not poller.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
-        conn.exec_driver_sql("BEGIN IMMEDIATE")  # waited the busy timeout already: fails as any statement
-        return
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    turn = False
     try:
         driver.execute("PRAGMA busy_timeout = 0")  # only while taking the write lock: WRITER_POLL_SECONDS
-        while time.monotonic() < deadline:
+        turn = poller.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+        while turn and time.monotonic() < deadline:
             try:
                 driver.execute("BEGIN IMMEDIATE")
                 return
@@ -145,7 +144,8 @@ def _sqlite_on_begin(conn: Any) -> None:
             time.sleep(WRITER_POLL_SECONDS)
         conn.exec_driver_sql("BEGIN IMMEDIATE")  # the last try fails as any statement does (translate)
     finally:
-        poller.release()
+        if turn:
+            poller.release()
         driver.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
 
 

@@ -33,6 +33,7 @@ class Failure:
     quarantined: bool
     next_attempt_at: float
     new_detail: bool  # the error differs from the one already on record: worth a log line
+    newly_quarantined: bool = False  # this failure reached the threshold: worth a line too
 
 
 def record_failures(
@@ -71,8 +72,9 @@ def record_failures(
         error = validate.storable(error, MAX_ERROR_CHARS)
         failures = row.failures + 1 if counts else row.failures
         delay, quarantined = policy.delay(failures, rng)
-        got[row_id] = Failure(failures, quarantined, now + delay, new_detail=row.last_error != error)
-        kind = EventKind.QUARANTINE if quarantined and not row.quarantined else EventKind.FAILURE
+        newly = quarantined and not row.quarantined
+        got[row_id] = Failure(failures, quarantined, now + delay, row.last_error != error, newly)
+        kind = EventKind.QUARANTINE if newly else EventKind.FAILURE
         events.append(audit.Event(row_id, kind, actor, row.state, row.state, row.attempt, row.fence, error))
         params.append(
             {

@@ -144,16 +144,31 @@ def record(
                 conn, errors, policy=policy, now=now, counts=counts, actor=audit.by_pass(p.name)
             )
     except Exception as inner:
-        if len(errors) > 1:  # one row cannot take its record: each on its own, to find it
+        if len(errors) == 1:  # this row cannot take the record (or the store is failing): report it
+            [(key, err)] = failed
+            reporter.once(p.name, str(key), f"{describe(err)} (unrecorded: {inner})", logging.ERROR)
+            return [Outcome.FAILED]
+        if not is_transient(inner):  # one row cannot take its record: each on its own, to find it
             return [o for key, err in failed for o in record(plane, p, [(key, err)], now, counts=counts)]
-        [(key, err)] = failed  # this row cannot take the record (or the store is failing): report it
-        reporter.once(p.name, str(key), f"{describe(err)} (unrecorded: {inner})", logging.ERROR)
-        return [Outcome.FAILED]
+        # The store is busy or away: each row alone would wait as long, once per row.
+        unrecorded: dict[str, list[int]] = {}
+        for key, err in failed:
+            unrecorded.setdefault(describe(err), []).append(int(key))
+        for error, row_ids in unrecorded.items():
+            log.error("%s %s failed (unrecorded: %s): %s", p.name, _rows(row_ids), inner, error)
+        return [Outcome.FAILED] * len(failed)
     alike: dict[tuple[str, str], list[int]] = {}  # one line per distinct report, not per row
+    quarantined: dict[int, list[int]] = {}
     for row_id, f in got.items():
         if f.new_detail:
             streak = f"{f.failures} in a row" + (", quarantined" if f.quarantined else "")
             alike.setdefault((streak, errors[row_id]), []).append(row_id)
+        elif f.newly_quarantined:  # the same error again: its line says so, not the error
+            quarantined.setdefault(f.failures, []).append(row_id)
     for (streak, error), row_ids in alike.items():
         log.log(level, "%s %s failed (%s): %s", p.name, _rows(row_ids), streak, error)
+    for n, row_ids in quarantined.items():
+        log.log(
+            level, "%s %s quarantined after %d failures in a row (poolctl requeue)", p.name, _rows(row_ids), n
+        )
     return [Outcome.QUARANTINED if counts and got[int(k)].quarantined else settled for k, _ in failed]

@@ -325,6 +325,8 @@ def test_poisoned_result_is_quarantined_and_others_go_on(
     assert got["state"] == "result" and got["quarantined"] and "JSONDecodeError" in got["last_error"]
     failure_lines = [r for r in caplog.records if "JSONDecodeError" in r.getMessage()]
     assert len(failure_lines) == 1, "an unchanged failure is reported once"
+    quarantine = [r.getMessage() for r in caplog.records if "quarantined after" in r.getMessage()]
+    assert quarantine == [f"results row {poisoned} quarantined after 3 failures in a row (poolctl requeue)"]
 
 
 # --- reconcile ---------------------------------------------------------------------
@@ -662,3 +664,27 @@ def test_the_time_limit_during_a_batch_statement_ends_the_batch_and_is_no_rows_f
     for row in rows:
         got = row_state(plane.store, row)
         assert (got["state"], got["failures"], got["last_error"]) == ("running", 0, None)
+
+
+def test_a_busy_store_is_asked_once_for_a_batch_of_failures_not_once_per_row(
+    plane: Plane, make_row: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = [make_row(RowState.RUNNING, ordinal=i, task_id=f"t{i}", lease_until=1.0) for i in range(3)]
+    tries: list[list[int]] = []
+
+    def busy(conn: Any, errors: dict[int, str], **_: Any) -> None:
+        tries.append(sorted(errors))
+        raise TransientError("pool store: database is locked")
+
+    monkeypatch.setattr(failures.bookkeeping, "record_failures", busy)
+    caplog.set_level(logging.INFO, "poolkeeper")
+    got = failures.record(
+        plane, registry.get("expire"), [(r, ValueError("x")) for r in rows], NOW, counts=True
+    )
+
+    assert got == ["failed"] * 3 and tries == [sorted(rows)]
+    lines = [r.getMessage() for r in caplog.records if "unrecorded" in r.getMessage()]
+    assert lines == [
+        f"expire rows {', '.join(map(str, rows))} failed (unrecorded: pool store: database is locked)"
+        ": ValueError: x"
+    ]
