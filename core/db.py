@@ -301,6 +301,11 @@ class Prepared:
         return compiled
 
 
+def connection_of(s: Session | Connection) -> Connection:
+    """The Core connection under ``s``: store functions take either, and write on this one."""
+    return s.connection() if isinstance(s, Session) else s
+
+
 @contextmanager
 def driver_cursor(conn: Connection, sql: str) -> Iterator[Any]:
     """The driver's own cursor in ``conn``'s transaction; its errors become SQLAlchemy's classes.

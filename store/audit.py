@@ -65,15 +65,11 @@ _COLUMNS = ("row_id", "at", "kind", "from_state", "to_state", "attempt", "fence"
 _INSERT_SQL = f"INSERT INTO audit_events ({', '.join(_COLUMNS)}) VALUES ({{}})"
 
 
-def _conn(conn: Session | Connection) -> Connection:
-    return conn.connection() if isinstance(conn, Session) else conn
-
-
 def append(conn: Session | Connection, events: Sequence[Event], *, now: float) -> None:
     """Append the events in the caller's transaction (one statement, or one executemany)."""
     if not events:
         return
-    c = _conn(conn)
+    c = db.connection_of(conn)
     sql = _INSERT_SQL.format(",".join([db.placeholder(c)] * len(_COLUMNS)))
     rows = [
         (
@@ -136,7 +132,7 @@ def observed(
         return
     common = {"now": now, "kind": kind.value, "actor": validate.storable(actor, MAX_ACTOR_CHARS)}
     params = [{**common, "row_id": r, "from_state": f, "detail": _bounded(d)} for r, f, d in rows]
-    _conn(conn).execute(_OBSERVED, params)
+    db.connection_of(conn).execute(_OBSERVED, params)
 
 
 # The storm's hot path (store.transitions.expire_many): one statement for the whole batch,
@@ -153,7 +149,7 @@ def expired(conn: Session | Connection, row_ids: Sequence[int], *, actor: str, n
     """One ``expiry`` event per row that ``expire_many`` just moved off ``running``: one statement."""
     if not row_ids:
         return
-    c = _conn(conn)
+    c = db.connection_of(conn)
     p = db.placeholder(c)
     sql = _EXPIRED_SQL.format(p=p, ids=",".join([p] * len(row_ids)))
     db.raw(c, sql, (now, validate.storable(actor, MAX_ACTOR_CHARS), *row_ids))

@@ -17,7 +17,7 @@ from typing import cast
 from sqlalchemy import Connection, Table, bindparam, select
 from sqlalchemy.orm import Session
 
-from core import validate
+from core import db, validate
 from core.errors import LostRace, NotFound
 from core.retry import RetryPolicy
 from store import audit
@@ -57,7 +57,7 @@ def record_failures(
     """
     if not errors:
         return {}
-    conn = s.connection() if isinstance(s, Session) else s
+    conn = db.connection_of(s)
     t = _TABLE.c
     read = select(t.id, t.state, t.attempt, t.fence, t.failures, t.last_error, t.quarantined).where(
         t.id.in_(list(errors))

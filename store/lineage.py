@@ -393,12 +393,11 @@ def retire_children(
     ids = list(row_ids)
     if not ids:
         return 0
+    c = db.connection_of(conn)
     if len(ids) == 1:  # one run's grant: the count is its own, and a row count costs less than rows
-        c = conn.connection() if isinstance(conn, Session) else conn
         n = RETIRE_RUN.run(c, {"row_id": ids[0], "now": now}).rowcount
         retired = Counter({ids[0]: n} if n else {})
     else:
-        c = conn.connection() if isinstance(conn, Session) else conn
         p = db.placeholder(c)
         sql = RETIRE_RUNS_SQL.format(p=p, ids=",".join([p] * len(ids)))
         retired = Counter(row_id for (row_id,) in db.raw(c, sql, (now, *ids)))

@@ -148,7 +148,7 @@ def expire_many(
     """
     if not row_ids:
         return Expired({}, {})
-    conn = s.connection() if isinstance(s, Session) else s
+    conn = db.connection_of(s)
     p = db.placeholder(conn)
     state = _STATE_TERM.get(conn.dialect.name, "state")
 

@@ -189,7 +189,7 @@ def offer(
     """
     validate.ordinal("ordinal", ordinal, pool_size)
     validate.name("owner", owner, 128)
-    conn = _connection(s)
+    conn = db.connection_of(s)
     found = _ON_ORDINAL.run(conn, {"ordinal": ordinal}).rows
     if not found:
         return None
@@ -261,7 +261,7 @@ def note_corrupt(
 
 
 def mint_fence(s: Session | Connection) -> int:
-    rows = _MINT.run(_connection(s)).rows
+    rows = _MINT.run(db.connection_of(s)).rows
     if not rows:
         raise NotFound("the fence sequence row is missing: run `poolctl init`")
     return int(rows[0][0])
@@ -271,7 +271,7 @@ def heartbeat(
     s: Session | Connection, env: Envelope, *, lease_seconds: float, now: float
 ) -> Literal["applied", "duplicate"]:
     """Extend the lease of the exact attempt and fence the envelope names."""
-    conn = _connection(s)
+    conn = db.connection_of(s)
     row, digest = _admit(conn, env, "heartbeat", now)
     if digest is None:
         return "duplicate"
@@ -290,7 +290,7 @@ def accept_result(s: Session | Connection, env: Envelope, *, now: float) -> Lite
     content is a ``DeliveryConflict``.
     """
     assert env.result is not None
-    conn = _connection(s)
+    conn = db.connection_of(s)
     row, digest = _admit(conn, env, "result", now)
     if digest is None:
         return "duplicate"
@@ -316,7 +316,7 @@ def release(
     release. Its replay stays a ``duplicate`` until the run is granted again
     under a newer fence; after that the old fence is refused like any other.
     """
-    conn = _connection(s)
+    conn = db.connection_of(s)
     row, digest = _admit(conn, env, "release", now)
     if digest is None:
         return "duplicate"
@@ -439,7 +439,3 @@ def _audit(
     actor, detail = audit.by_worker(env.worker_ordinal), f"delivery {env.delivery_id}"
     event = audit.Event(row_id, kind, actor, RUNNING, to, attempt, env.fence, detail)
     audit.append(conn, [event], now=now)
-
-
-def _connection(s: Session | Connection) -> Connection:
-    return s.connection() if isinstance(s, Session) else s
