@@ -177,15 +177,12 @@ def _apply(
 
     parts, failed = isolate(keys, attempt, goes_up=goes_up)
     done: list[tuple[Key, Outcome]] = []
-    for key, outcome in (pair for part in parts for pair in part):
-        if isinstance(outcome, Exception):
-            failed.append((key, outcome))
-        else:
+    recorded_later: list[tuple[Key, Exception]] = []
+    for key, outcome in [*(pair for part in parts for pair in part), *failed]:
+        if not isinstance(outcome, Exception):
             done.append((key, outcome))
-    recorded_later = []
-    for key, err in failed:
-        if isinstance(err, ProtocolError):
-            done.append((key, failures.handle(plane, p, key, err, now)))
+        elif isinstance(outcome, ProtocolError):
+            done.append((key, failures.handle(plane, p, key, outcome, now)))
         else:
-            recorded_later.append((key, err))  # recorded on its row after the commit
+            recorded_later.append((key, outcome))  # recorded on its row after the commit
     return done, recorded_later
