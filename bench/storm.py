@@ -10,8 +10,7 @@ re-offered by:
   (a) the plane: real redis-server, a Celery worker with 2 processes, the
       scanner enqueueing batches, at default settings (but a long backoff,
       so a poisoned row stays out once it failed); each row its own lock and
-      outcome, one
-      set-based statement per batch, split only where it fails;
+      outcome, one set-based statement per batch, split only where it fails;
   (at) the plane with the poisons' trigger installed and no row poisoned: the
       trigger runs for every row's update, so the poison lines are measured
       against this, not (a);
@@ -234,12 +233,18 @@ class PlaneRun:
 
 
 def plane_rate(
-    workdir: Path, url: str, n: int, redis: RedisServer, procs: int = 2, app: str = "tasks", **over: Any
+    workdir: Path,
+    url: str,
+    n: int,
+    redis: RedisServer,
+    procs: int = 2,
+    app: str = "tasks",
+    poisoned: Collection[int] = (),
+    trigger: bool = False,
 ) -> float:
+    """Healthy rows re-offered per second (a poisoned row stays out of the run once it failed)."""
     redis.client().flushall()
-    poisoned, trigger = over.pop("poisoned", ()), over.pop("trigger", False)
-    tuned = {"backoff_base_seconds": 60}  # a poisoned row stays out of the run once it failed
-    settings, store = storm(url, n, redis.url, poisoned=poisoned, trigger=trigger, **{**tuned, **over})
+    settings, store = storm(url, n, redis.url, poisoned=poisoned, trigger=trigger, backoff_base_seconds=60)
     run = PlaneRun(workdir, settings, store, redis, procs, app)
     try:
         return (n - len(poisoned)) / run.clear()
