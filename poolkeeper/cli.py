@@ -447,6 +447,15 @@ def worker(
     owner: Annotated[str | None, typer.Option(help="Instance name (default: host:pid:random).")] = None,
     poll: Annotated[float, typer.Option(min=0.05, help="Seconds between offers while idle.")] = 1.0,
     once: Annotated[bool, typer.Option("--once", help="Exit after delivering one result.")] = False,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="POOL_WORKER_STATE_DIR",
+            show_default=False,
+            help="Where each ordinal's state (lock, command's process group, spooled result) is kept"
+            " [default: $XDG_RUNTIME_DIR/poolkeeper, /run/poolkeeper for root, else under the tmp dir].",
+        ),
+    ] = None,
 ) -> None:
     """Run COMMAND for each grant of ORDINAL: payload on stdin, heartbeats, result; SIGTERM releases."""
     import logging
@@ -469,7 +478,9 @@ def worker(
             )
         token_ = read_secret_file(f"--token-file ({TOKEN_FILE_ENV})", token_file)
     with _pool_client("--url (POOL_WORKER_URL)", url, "--token (POOL_WORKER_TOKEN)", token_) as client:
-        runner = CommandWorker(client, ordinal, argv, owner=owner, poll_seconds=poll, once=once)
+        runner = CommandWorker(
+            client, ordinal, argv, owner=owner, poll_seconds=poll, once=once, state_dir=state_dir
+        )
         runner.install_signal_handlers()
         raise typer.Exit(runner.run())
 

@@ -15,10 +15,29 @@ the lease while it runs; deliver the result:
 - exit N: ``{"status": "blocked", "reason": "exit code N: <last stderr line>", "exit_code": N, ...}``
   (killed by a signal: ``"killed by signal S"``; cannot start: ``"cannot run the command: ..."``)
 
-Tails are the last ``tail_bytes`` (4 KiB) of each stream, decoded as UTF-8.
+Tails are the last 4 KiB of each stream, decoded as UTF-8 with every byte that is not
+printable text escaped (``\\xNN``: invalid UTF-8, NUL and other control characters but
+tab, newline and carriage return).
 A refused heartbeat means the run is no longer ours (fenced by a restart or
 expiry): the child is stopped and nothing is delivered. SIGTERM or SIGINT stops
 the child, releases the run (re-offered at once) and exits 0.
+
+Execution once, through any process death (docs/design.md, "Worker"):
+
+- The command runs under a small keeper (``KEEPER``, ``python -I -S``) that leads a process
+  group of its own: it forks the command with the parent-death signal set (Linux:
+  ``PR_SET_PDEATHSIG``, SIGKILL: the command dies with the keeper) and, when the worker dies
+  (its end of a pipe closes, however it died), SIGKILLs the whole group, grandchildren too.
+  The worker ends the group itself on every way out (the command's end, a refused
+  heartbeat, a stop signal, an exception, ``atexit``).
+- The ordinal's state directory (``poolkeeper.worker_state``) names the group; a worker
+  starting there first ends what a predecessor left running, and takes no grant while it lives.
+- A result is spooled there (with its grant and delivery id) before it is delivered, and
+  delivered until the store accepts or refuses it: transient failures are retried, with
+  heartbeats, while the lease can still hold. A restarted worker delivers a spooled result
+  (under the old grant's fence) before it asks for a grant; a grant whose result it holds
+  is never run again. Output is escaped (``printable``) and bounded so the store accepts it;
+  should it still refuse the result as invalid, a result without the output is sent instead.
 
 The command runs as the worker's user, so it could read the worker's memory
 and ``/proc/<pid>/environ``, where the ordinal's token is: ``forbid_inspection``
@@ -31,30 +50,37 @@ another user (docs/design.md, "Worker").
 
 from __future__ import annotations
 
-import contextlib
+import atexit
+import collections
 import ctypes
 import json
 import logging
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
 from core import validate
 from core.errors import InvalidInput, NotFound, PoolError, ProtocolError, TransientError
-from poolkeeper.client import Grant, GrantRef, PoolClient
+from core.retry import RetryPolicy
+from poolkeeper.client import Grant, GrantRef, PoolClient, Refused, new_delivery_id
+from poolkeeper.worker_state import GROUP, RESULT, Group, StateDir, end_predecessor
 
 log = logging.getLogger("poolkeeper.worker")
 TAIL_BYTES = 4096
 KILL_GRACE_SECONDS = 5.0
+DELIVERY_RETRY = RetryPolicy(base_seconds=0.5, max_seconds=5.0)  # between rounds of the client's tries
 URL_ENV, TOKEN_ENV = "POOL_WORKER_URL", "POOL_WORKER_TOKEN"  # what `poolctl worker` reads
 TOKEN_FILE_ENV = "POOL_WORKER_TOKEN_FILE"  # or the token in a file, off the command line
 CHILD_TOKEN_ENV = "POOL_CHILD_TOKEN"  # the grant's child token: what `poolctl child` authenticates with
@@ -87,6 +113,105 @@ def default_owner() -> str:
     return f"{host.strip('-.') or 'host'}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+# The keeper: runs the command in a process group it leads
+# (``python -I -S -c KEEPER DEATH_FD REPORT_FD ARGV...``). It forks the command with the
+# parent-death signal (Linux), so the command dies with it, and SIGKILLs its whole group once
+# the worker's end of the ``DEATH_FD`` pipe closes. On ``REPORT_FD`` it writes ``started`` (or
+# ``failed <error>`` when the command cannot be executed), then ``status <wait status>``. Stop
+# signals reach the command (same group); the keeper outlives it to report.
+KEEPER = r"""
+import ctypes, os, select, signal, sys, threading
+death, report, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+os.set_inheritable(death, False)
+os.set_inheritable(report, False)
+
+
+def say(line):
+    os.write(report, line.encode("utf-8", "backslashreplace") + b"\n")
+
+
+def stand_by(signum, frame):
+    pass  # the same signal reached the command (this group's): report how it ends
+
+
+if select.select([death], [], [], 0)[0]:
+    sys.exit(0)  # the worker is gone already
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(sig, stand_by)
+failed_r, failed_w = os.pipe()
+keeper = os.getpid()
+pid = os.fork()
+if pid == 0:
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != keeper:
+            os._exit(137)
+        os.execvp(argv[0], argv)
+    except BaseException as err:
+        os.write(failed_w, f"{type(err).__name__}: {err}".encode("utf-8", "backslashreplace"))
+    os._exit(127)
+os.close(failed_w)
+failed = os.read(failed_r, 4096)
+if failed:
+    say("failed " + failed.decode("utf-8", "replace"))
+    os.waitpid(pid, 0)
+    sys.exit(127)
+say("started")
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)  # the command's pipes end when it and what it started are done
+
+
+def watch():
+    select.select([death], [], [])  # end of file: the worker died, however it died
+    os.killpg(0, signal.SIGKILL)
+
+
+threading.Thread(target=watch, daemon=True).start()
+say("status %d" % os.waitpid(pid, 0)[1])
+"""
+
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def printable(data: bytes, limit: int = TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of ``data`` as text the store takes, in at most ``limit`` characters.
+
+    Invalid UTF-8 and control characters (but tab, newline and carriage return) become
+    ``\\xNN``; a character cut at the start is dropped.
+    """
+    tail, cut = data[-limit:], 0
+    if len(data) > limit:
+        while cut < min(3, len(tail)) and 0x80 <= tail[cut] < 0xC0:
+            cut += 1
+    text = tail[cut:].decode("utf-8", "backslashreplace")
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)[-limit:]
+
+
+def storable(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` if it passes the store's checks of a result, else ``without_output(result)``."""
+    try:
+        validate.document("payload", result)
+        if "reason" in result:
+            validate.text("payload.reason", result["reason"])
+    except InvalidInput as err:
+        return without_output(result, err)
+    return result
+
+
+def without_output(result: Mapping[str, Any], err: Exception) -> dict[str, Any]:
+    """What replaces a result the store refused as invalid: its status and exit code, and why."""
+    why = printable(str(err).encode("utf-8", "backslashreplace"), 300)
+    code = result.get("exit_code")
+    if result.get("status") == "done":
+        return {"status": "done", "exit_code": code, "output_refused": why}
+    reason = f"exit code {code}: the store refused the command's output ({why})"
+    return {"status": "blocked", "reason": reason, "exit_code": code}
+
+
 @dataclass
 class Outcome:
     exit_code: int | None  # None: the command could not start
@@ -95,21 +220,53 @@ class Outcome:
     error: str = ""
 
     def result(self) -> dict[str, Any]:
-        tails = {"stdout_tail": _text(self.stdout), "stderr_tail": _text(self.stderr)}
+        tails = {"stdout_tail": printable(self.stdout), "stderr_tail": printable(self.stderr)}
         if self.exit_code == 0:
-            return {"status": "done", "exit_code": 0, **tails}
+            return storable({"status": "done", "exit_code": 0, **tails})
         if self.exit_code is None:
-            reason = f"cannot run the command: {self.error}"
+            reason = (
+                f"cannot run the command: {printable(self.error.encode('utf-8', 'backslashreplace'), 300)}"
+            )
         elif self.exit_code < 0:
             reason = f"killed by signal {-self.exit_code}"
         else:
             last = next((ln for ln in reversed(tails["stderr_tail"].splitlines()) if ln.strip()), "")
             reason = f"exit code {self.exit_code}" + (f": {last.strip()[:300]}" if last else "")
-        return {"status": "blocked", "reason": reason, "exit_code": self.exit_code, **tails}
+        return storable({"status": "blocked", "reason": reason, "exit_code": self.exit_code, **tails})
 
 
-def _text(data: bytes) -> str:
-    return data[-TAIL_BYTES:].decode("utf-8", errors="replace")
+@dataclass(frozen=True)
+class Held:
+    """A result this worker holds for a grant, as spooled in the state directory until answered."""
+
+    grant: Grant
+    result: dict[str, Any]
+    delivery_id: str  # the same on every try and after a restart: a replay is a duplicate
+    lease_end: float  # wall clock: when the lease ends unless a heartbeat lands (the store decides)
+    fallback: bool = False  # the result without the output, after the store refused it as invalid
+
+    def record(self) -> dict[str, Any]:
+        grant = {f.name: getattr(self.grant, f.name) for f in fields(Grant)}
+        del grant["payload"], grant["child_token"]  # not needed to deliver; not kept on disk
+        return {
+            "grant": grant,
+            "result": self.result,
+            "delivery_id": self.delivery_id,
+            "lease_end": self.lease_end,
+            "fallback": self.fallback,
+        }
+
+    @classmethod
+    def load(cls, record: dict[str, Any] | None) -> Held | None:
+        if record is None:
+            return None
+        try:
+            grant = Grant(**record["grant"], payload={})
+            result, delivery_id = dict(record["result"]), str(record["delivery_id"])
+            return cls(grant, result, delivery_id, float(record["lease_end"]), bool(record["fallback"]))
+        except (KeyError, TypeError, ValueError) as err:
+            log.warning("a spooled result does not parse, dropped: %s", err)
+            return None
 
 
 class Tail(threading.Thread):
@@ -134,6 +291,7 @@ class CommandWorker:
         owner: str | None = None,
         poll_seconds: float = 1.0,
         once: bool = False,
+        state_dir: Path | None = None,
     ) -> None:
         if not argv:
             raise InvalidInput("--command", "empty command")
@@ -141,6 +299,10 @@ class CommandWorker:
         self.owner = owner or default_owner()
         self.poll, self.once = poll_seconds, once
         self.stopping = threading.Event()
+        self.state = StateDir(state_dir, ordinal)
+        self.group: Group | None = None  # the running command's, until it is gone
+        self.lease_end = 0.0  # the current grant's, by this host's clock
+        self.answered: collections.deque[int] = collections.deque(maxlen=64)  # fences never to run again
 
     def install_signal_handlers(self) -> None:
         def stop(signum: int, _: FrameType | None) -> None:
@@ -151,14 +313,38 @@ class CommandWorker:
         signal.signal(signal.SIGINT, stop)
 
     def run(self) -> int:
-        """Serve grants until stopped (or, ``once``, after one delivered result); the exit code."""
-        log.info("ordinal %d: worker %s polling", self.ordinal, self.owner)
+        """Serve grants until stopped (or, ``once``, after one delivered result); the exit code.
+
+        Holds the ordinal's state directory throughout, and ends the command's group on every
+        way out.
+        """
+        self.state.lock()
+        atexit.register(self._end_group)
+        try:
+            return self._run()
+        finally:
+            self._end_group()
+            atexit.unregister(self._end_group)
+            self.state.unlock()
+
+    def _run(self) -> int:
+        if not end_predecessor(self.state, KILL_GRACE_SECONDS, self.stopping):
+            return 0  # stopped while a predecessor's command lived on
+        log.info("ordinal %d: worker %s polling (state in %s)", self.ordinal, self.owner, self.state.path)
+        held = Held.load(self.state.read(RESULT))
+        if held is not None:
+            g = held.grant
+            log.info("%s/%s: delivering the result spooled under fence %d", g.board, g.task_id, g.fence)
+            if self._deliver(held) and self.once:
+                return 0
         while not self.stopping.is_set():
             try:
                 grant = self.client.offer(self.ordinal, self.owner)
             except TransientError as err:
                 log.warning("offer: %s", err)
                 grant = None
+            if grant is not None and grant.fence in self.answered:
+                grant = None  # its result was held: never run again (its lease ends; expiry re-offers it)
             if grant is None:
                 self.stopping.wait(self.poll * random.uniform(0.75, 1.25))  # spread the polls of many workers
                 continue
@@ -170,50 +356,147 @@ class CommandWorker:
     def serve(self, grant: Grant) -> bool:
         """Run the command for one grant; whether its result was delivered."""
         log.info("%s/%s run %d attempt %d: starting", grant.board, grant.task_id, grant.run_id, grant.attempt)
-        outcome, ours = self._execute(grant)
-        if self.stopping.is_set():
-            if ours:
-                self._release(grant)
-            return False
+        self.lease_end = time.time() + grant.lease_seconds
+        outcome, ours, stopped = self._execute(grant)
         if not ours:
             return False
-        result = outcome.result()
-        try:
-            got = self.client.deliver(grant, result)
-        except PoolError as err:
-            log.warning("%s/%s: result refused: %s", grant.board, grant.task_id, err)
+        if stopped:
+            self._release(grant)
             return False
-        log.info("%s/%s: %s (%s)", grant.board, grant.task_id, result["status"], got)
-        return True
+        held = Held(grant, outcome.result(), new_delivery_id(), self.lease_end)
+        self.state.write(RESULT, held.record())
+        return self._deliver(held)
 
-    def _execute(self, grant: Grant) -> tuple[Outcome, bool]:
-        """The command's outcome, and whether the grant is still ours."""
+    def _deliver(self, held: Held) -> bool:
+        """Deliver a spooled result until the store accepts (True) or refuses it; then drop the spool.
+
+        Transient failures are retried, with heartbeats, until the lease has surely ended; a
+        stop signal leaves the spool for the next worker on this ordinal.
+        """
+        grant, tries = held.grant, 0
+        self.answered.append(grant.fence)
+        while True:
+            try:
+                got = self.client.deliver(grant, held.result, held.delivery_id)
+            except (InvalidInput, Refused) as err:
+                if isinstance(err, Refused) and err.status != 413:
+                    raise  # the token or the request itself: retrying cannot help; the spool stays
+                if held.fallback:
+                    return self._drop(held, f"result refused as invalid even without the output: {err}")
+                log.warning(
+                    "%s/%s: result refused as invalid, sent without the output: %s", *_name(grant), err
+                )
+                held = replace(
+                    held,
+                    result=without_output(held.result, err),
+                    delivery_id=new_delivery_id(),
+                    fallback=True,
+                )
+                self.state.write(RESULT, held.record())
+                continue
+            except (ProtocolError, NotFound) as err:
+                return self._drop(held, f"result refused, the grant is no longer current: {err}")
+            except TransientError as err:
+                tries += 1
+                if time.time() > held.lease_end:
+                    return self._drop(held, f"the lease ended before the result could be delivered: {err}")
+                if tries == 1:
+                    log.warning(
+                        "%s/%s: result not delivered yet, retrying while the lease holds: %s",
+                        *_name(grant),
+                        err,
+                    )
+                held = self._beat(held)
+                if self.stopping.wait(DELIVERY_RETRY.backoff(tries)):
+                    log.info("stopping: the result stays in %s for the next worker", self.state.path)
+                    return False
+                continue
+            log.info("%s/%s: %s (%s)", *_name(grant), held.result["status"], got)
+            self.state.remove(RESULT)
+            return True
+
+    def _drop(self, held: Held, why: str) -> bool:
+        log.warning("%s/%s: %s; dropped", *_name(held.grant), why)
+        self.state.remove(RESULT)
+        return False
+
+    def _beat(self, held: Held) -> Held:
+        """A heartbeat for a held result, when one is due, so the lease holds while delivery waits."""
+        grant = held.grant
+        if time.time() < held.lease_end - grant.lease_seconds * 2 / 3:
+            return held
+        try:
+            self.client.heartbeat(grant)
+        except PoolError:
+            return held  # stale: the next delivery is refused and says so; busy: the next round tries
+        held = replace(held, lease_end=time.time() + grant.lease_seconds)
+        self.state.write(RESULT, held.record())
+        return held
+
+    def _execute(self, grant: Grant) -> tuple[Outcome, bool, bool]:
+        """The command's outcome, whether the grant is still ours, and whether a stop signal ended it."""
         env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
         env.update(grant_env(grant, self.client.url))
+        death_r, death_w = os.pipe()  # the keeper reads end of file here once this process is gone
+        report_r, report_w = os.pipe()
         try:
-            child = subprocess.Popen(
-                self.argv,
+            keeper = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", KEEPER, str(death_r), str(report_w), *self.argv],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=env,
-                start_new_session=True,  # a terminal's Ctrl-C reaches the worker, which decides
+                start_new_session=True,  # its group; a terminal's Ctrl-C reaches the worker, which decides
+                pass_fds=(death_r, report_w),
             )
         except OSError as err:
-            return Outcome(None, b"", b"", f"{type(err).__name__}: {err}"), True
-        assert child.stdin is not None and child.stdout is not None and child.stderr is not None
-        tails = [Tail(child.stdout, TAIL_BYTES), Tail(child.stderr, TAIL_BYTES)]
-        feeder = threading.Thread(
-            target=_feed, args=(child.stdin, json.dumps(grant.payload).encode()), daemon=True
-        )
-        for t in (*tails, feeder):
-            t.start()
-        ours = self._watch(child, grant)
-        if child.poll() is None:
-            _stop(child)
-        for t in tails:
-            t.join(timeout=5)
-        return Outcome(child.returncode, tails[0].data, tails[1].data), ours
+            for fd in (death_w, report_r):
+                os.close(fd)
+            return Outcome(None, b"", b"", f"{type(err).__name__}: {err}"), True, False
+        finally:
+            os.close(death_r)
+            os.close(report_w)
+        report = os.fdopen(report_r, "rb")
+        try:
+            self.group = Group.of(keeper.pid)
+            self.state.write(GROUP, self.group.record())
+            assert keeper.stdin is not None and keeper.stdout is not None and keeper.stderr is not None
+            tails = [Tail(keeper.stdout, TAIL_BYTES), Tail(keeper.stderr, TAIL_BYTES)]
+            payload = json.dumps(grant.payload).encode()
+            feeder = threading.Thread(target=_feed, args=(keeper.stdin, payload), daemon=True)
+            for t in (*tails, feeder):
+                t.start()
+            started = report.readline()
+            if started.startswith(b"started"):
+                ours = self._watch(keeper, grant)
+                stopped = self.stopping.is_set() and keeper.poll() is None
+            else:
+                ours, stopped = True, False
+            self._end_group(keeper)
+            for t in tails:
+                t.join(timeout=5)
+            if not started.startswith(b"started"):
+                error = started.partition(b" ")[2].decode("utf-8", "replace").strip()
+                return (
+                    Outcome(None, b"", b"", error or "the command's keeper did not start it"),
+                    ours,
+                    stopped,
+                )
+            return Outcome(_exit_code(report.read(), keeper), tails[0].data, tails[1].data), ours, stopped
+        finally:
+            self._end_group(keeper)
+            report.close()
+            os.close(death_w)
+
+    def _end_group(self, keeper: subprocess.Popen[bytes] | None = None) -> None:
+        """End the running command's process group, if any: every way out of a run comes here."""
+        group, self.group = self.group, None
+        if group is None:
+            return
+        if group.end(KILL_GRACE_SECONDS, reap=keeper.poll if keeper else lambda: None):
+            self.state.remove(GROUP)
+        else:  # the record stays: the next worker here waits for it
+            log.warning("process group %d outlived SIGKILL", group.pgid)
 
     def _watch(self, child: subprocess.Popen[bytes], grant: Grant) -> bool:
         """Heartbeat until the child exits; False as soon as the store says the run is not ours."""
@@ -232,6 +515,8 @@ class CommandWorker:
                 return False
             except PoolError as err:  # busy beyond the client's retries: the next beat may land
                 log.warning("%s/%s: heartbeat failed: %s", grant.board, grant.task_id, err)
+            else:
+                self.lease_end = time.time() + grant.lease_seconds
 
     def _wait_child(self, child: subprocess.Popen[bytes], seconds: float) -> bool:
         """Wait up to ``seconds`` for the child; True if it exited. Wakes early on a stop signal."""
@@ -307,13 +592,13 @@ def _feed(pipe: IO[bytes], data: bytes) -> None:
         pass  # the command does not read its stdin: fine
 
 
-def _stop(child: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the command's process group, then SIGKILL after a grace period."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, sig)
-        try:
-            child.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def _exit_code(report: bytes, keeper: subprocess.Popen[bytes]) -> int:
+    """The command's exit code as its keeper reported it (negative: the signal that ended it)."""
+    for line in report.splitlines():
+        if line.startswith(b"status ") and line[7:].isdigit():
+            return os.waitstatus_to_exitcode(int(line[7:]))
+    return keeper.returncode if keeper.returncode is not None else -signal.SIGKILL  # the keeper was killed
+
+
+def _name(grant: Grant) -> tuple[str, str]:
+    return grant.board, grant.task_id

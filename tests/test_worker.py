@@ -49,6 +49,11 @@ def python(script: str) -> str:
     return shlex.join([sys.executable, "-c", script])
 
 
+def state_dir(server: ServeProc) -> Path:
+    """The workers' state directory of one test (its ordinals' locks, process groups, spooled results)."""
+    return server.log.parent / "worker-state"
+
+
 def worker(
     server: ServeProc, command: str, *extra: str, ordinal: int = 0, token: str | None = None
 ) -> subprocess.Popen[str]:
@@ -58,6 +63,7 @@ def worker(
             **os.environ,
             "POOL_WORKER_TOKEN": token or tokens.ordinal_token(SECRET, ordinal),
             "POOL_SERVER_SECRET": SECRET,  # as on a host that serves too: never handed to the command
+            "POOL_WORKER_STATE_DIR": str(state_dir(server)),
         },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -166,8 +172,10 @@ def test_a_token_of_another_ordinal_stops_the_worker_with_one_line(
 
 PEEK = """
 import os
+keeper = open(f"/proc/{os.getppid()}/stat").read()  # the command's keeper, a child of the worker
+worker = int(keeper[keeper.rfind(")") + 2 :].split()[1])
 try:
-    seen = open(f"/proc/{os.getppid()}/environ", "rb").read()
+    seen = open(f"/proc/{worker}/environ", "rb").read()
 except PermissionError:
     print("denied")
 else:
@@ -203,7 +211,11 @@ def test_the_command_cannot_read_the_workers_token_from_proc(
             server.url,
             "--once",
         ],
-        env={**env, "POOL_WORKER_TOKEN_FILE": str(secret_file)},
+        env={
+            **env,
+            "POOL_WORKER_TOKEN_FILE": str(secret_file),
+            "POOL_WORKER_STATE_DIR": str(state_dir(server)),
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
