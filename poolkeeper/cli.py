@@ -452,8 +452,8 @@ def worker(
         typer.Option(
             envvar="POOL_WORKER_STATE_DIR",
             show_default=False,
-            help="Where each ordinal's state (lock, command's process group, spooled result) is kept"
-            " [default: $XDG_RUNTIME_DIR/poolkeeper, /run/poolkeeper for root, else under the tmp dir].",
+            help="Where each ordinal's lock, command's process group and spooled result are kept"
+            " (default: $XDG_RUNTIME_DIR/poolkeeper, /run/poolkeeper for root, else under the tmp dir).",
         ),
     ] = None,
 ) -> None:

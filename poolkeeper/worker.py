@@ -328,8 +328,6 @@ class CommandWorker:
             self.state.unlock()
 
     def _run(self) -> int:
-        if not end_predecessor(self.state, KILL_GRACE_SECONDS, self.stopping):
-            return 0  # stopped while a predecessor's command lived on
         log.info("ordinal %d: worker %s polling (state in %s)", self.ordinal, self.owner, self.state.path)
         held = Held.load(self.state.read(RESULT))
         if held is not None:
@@ -338,6 +336,8 @@ class CommandWorker:
             if self._deliver(held) and self.once:
                 return 0
         while not self.stopping.is_set():
+            if not end_predecessor(self.state, KILL_GRACE_SECONDS, self.stopping):
+                break  # stopped while an earlier command's group lived on
             try:
                 grant = self.client.offer(self.ordinal, self.owner)
             except TransientError as err:

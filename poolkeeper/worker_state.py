@@ -200,7 +200,10 @@ class Group:
 
 
 def end_predecessor(state: StateDir, grace: float, stopping: threading.Event) -> bool:
-    """End the process group a previous worker on this ordinal left running; True once none lives.
+    """End the process group an earlier run on this ordinal left running; True once none lives.
+
+    Called before every offer: the group a previous worker left, or one of this worker's own
+    that outlived SIGKILL, is named in the state directory until it is gone.
 
     Where the group cannot be verified as that worker's (no ``/proc``) or cannot be
     signalled, one line says so and this waits for it to exit on its own.
@@ -211,13 +214,13 @@ def end_predecessor(state: StateDir, grace: float, stopping: threading.Event) ->
         return True
     if group.members() is None:
         log.warning(
-            "process group %d of a previous worker may live (no /proc to tell, so not signalled): "
+            "process group %d of an earlier run may live (no /proc to tell, so not signalled): "
             "waiting for it to exit before taking a grant",
             group.pgid,
         )
         gone = group.wait_gone(None, stopping=stopping)
     else:
-        log.warning("ending process group %d, which a previous worker left running", group.pgid)
+        log.warning("ending process group %d, which an earlier run on this ordinal left running", group.pgid)
         try:
             gone = group.end(grace)
         except PermissionError:
