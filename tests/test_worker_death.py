@@ -14,15 +14,19 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from core.errors import InvalidInput, NotFound, StaleHolder, TransientError
 from core.settings import Settings
+from poolkeeper.client import Grant, PoolClient
 from poolkeeper.embedded import ServeProc, wait_for
-from poolkeeper.worker import printable, storable
+from poolkeeper.worker import CommandWorker, Held, printable, storable
+from poolkeeper.worker_state import RESULT
 from store import PoolStore
 from tests.factories import row_state
 from tests.test_worker import SECRET, finished, given_run, python, server, state_dir, worker
@@ -247,3 +251,67 @@ def test_output_is_escaped_and_bounded_to_what_the_store_takes() -> None:
         "reason": "exit code 1: the store refused the command's output (payload: larger than 65536 bytes)",
         "exit_code": 1,
     }
+
+
+class Answers(PoolClient):
+    """A client whose deliveries get the given answers in turn (an exception is raised)."""
+
+    def __init__(self, *answers: str | Exception) -> None:
+        super().__init__("http://127.0.0.1:1")
+        self.answers, self.beats = list(answers), 0
+        self.sent: list[tuple[dict[str, Any], str | None]] = []
+
+    def deliver(self, grant: Grant, result: Mapping[str, Any], delivery_id: str | None = None) -> str:
+        self.sent.append((dict(result), delivery_id))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def heartbeat(self, grant: Grant, delivery_id: str | None = None) -> str:
+        self.beats += 1
+        return "accepted"
+
+
+def held_result(tmp_path: Path, client: Answers) -> tuple[CommandWorker, Held]:
+    runner = CommandWorker(client, 0, ["true"], state_dir=tmp_path)
+    runner.state.lock()
+    grant = Grant(1, "b", "t1", 1, 0, "w:1:a", 1, 7, 0.0, {}, "0" * 64, 1, lease_seconds=3)
+    held = Held(grant, {"status": "blocked", "reason": "exit code 3", "exit_code": 3}, "d1", time.time() + 3)
+    runner.state.write(RESULT, held.record())
+    return runner, held
+
+
+def test_a_result_refused_as_invalid_is_sent_without_its_output_under_a_new_delivery_id(
+    tmp_path: Path,
+) -> None:
+    client = Answers(InvalidInput("payload.reason", "must not contain a NUL character"), "applied")
+    runner, held = held_result(tmp_path, client)
+    assert runner._deliver(held)
+    (_, first_id), (second, second_id) = client.sent
+    assert first_id == "d1" and second_id not in (None, "d1")
+    assert second == {
+        "status": "blocked",
+        "reason": "exit code 3: the store refused the command's output"
+        " (payload.reason: must not contain a NUL character)",
+        "exit_code": 3,
+    }
+    assert runner.state.read(RESULT) is None
+
+
+@pytest.mark.parametrize("refusal", [StaleHolder("fence: current fence is 8"), NotFound("no assignment")])
+def test_a_stale_refusal_drops_the_spool_and_the_grant_is_never_run_again(
+    tmp_path: Path, refusal: Exception
+) -> None:
+    runner, held = held_result(tmp_path, Answers(refusal))
+    assert not runner._deliver(held)
+    assert runner.state.read(RESULT) is None and held.grant.fence in runner.answered
+
+
+def test_a_transient_failure_is_retried_with_the_same_delivery_id_and_heartbeats(tmp_path: Path) -> None:
+    busy = TransientError("/v1/result: 503 busy (after 6 tries)")
+    client = Answers(busy, busy, busy, "applied")
+    runner, held = held_result(tmp_path, client)
+    assert runner._deliver(replace(held, lease_end=time.time() + 1))  # a heartbeat is due at once
+    assert [d for _, d in client.sent] == ["d1"] * 4 and client.beats >= 1
+    assert runner.state.read(RESULT) is None
