@@ -138,6 +138,7 @@ if select.select([death], [], [], 0)[0]:
     sys.exit(0)  # the worker is gone already
 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(sig, stand_by)
+libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # before the fork
 failed_r, failed_w = os.pipe()
 keeper = os.getpid()
 pid = os.fork()
@@ -145,8 +146,8 @@ if pid == 0:
     try:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
-        if sys.platform.startswith("linux"):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if libc is not None:
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() != keeper:
             os._exit(137)
         os.execvp(argv[0], argv)
@@ -466,23 +467,18 @@ class CommandWorker:
             feeder = threading.Thread(target=_feed, args=(keeper.stdin, payload), daemon=True)
             for t in (*tails, feeder):
                 t.start()
-            started = report.readline()
-            if started.startswith(b"started"):
-                ours = self._watch(keeper, grant)
-                stopped = self.stopping.is_set() and keeper.poll() is None
-            else:
-                ours, stopped = True, False
+            first = report.readline()  # "started", or "failed <error>", or nothing
+            started = first.startswith(b"started")
+            ours = self._watch(keeper, grant) if started else True
+            stopped = started and self.stopping.is_set() and keeper.poll() is None
             self._end_group(keeper)
             for t in tails:
                 t.join(timeout=5)
-            if not started.startswith(b"started"):
-                error = started.partition(b" ")[2].decode("utf-8", "replace").strip()
-                return (
-                    Outcome(None, b"", b"", error or "the command's keeper did not start it"),
-                    ours,
-                    stopped,
-                )
-            return Outcome(_exit_code(report.read(), keeper), tails[0].data, tails[1].data), ours, stopped
+            rest = report.read()
+            if not started:
+                error = first.partition(b" ")[2].decode("utf-8", "replace").strip()
+                return Outcome(None, b"", b"", error or "its keeper did not start it"), True, False
+            return Outcome(_exit_code(rest, keeper), tails[0].data, tails[1].data), ours, stopped
         finally:
             self._end_group(keeper)
             report.close()
