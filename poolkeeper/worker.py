@@ -320,6 +320,10 @@ class CommandWorker:
         way out.
         """
         self.state.lock()
+        if not sys.platform.startswith("linux"):
+            log.info(
+                "not on Linux: no parent-death signal, so a command whose keeper is killed may outlive it"
+            )
         atexit.register(self._end_group)
         try:
             return self._run()
