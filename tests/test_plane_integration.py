@@ -21,7 +21,7 @@ from sqlalchemy import text
 from board import KanbanBoard, TaskStatus
 from core.errors import StaleHolder
 from core.settings import Settings
-from poolkeeper.embedded import CeleryProc, RedisServer, free_port, wait_for
+from poolkeeper.embedded import CeleryProc, RedisServer, free_port, supervise, wait_for
 from poolkeeper.simulate import Faults, SimPool, envelope
 from store import PoolStore, queries
 from tasks import registry, scan
@@ -53,7 +53,7 @@ class PlaneEnv:
 
     def supervise(self) -> bool:
         """Restart what crashed, as systemd's Restart=always does in production; always False."""
-        self.procs = [p.restarted(self.settings.env(), self.tmp) if p.crashed() else p for p in self.procs]
+        self.procs = supervise(self.procs, self.settings.env(), self.tmp)
         return False
 
     def add_tasks(self, n: int, prefix: str = "t") -> list[str]:
