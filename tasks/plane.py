@@ -8,9 +8,9 @@ Coordination is four small things kept in Redis, all of them advisory
 - pending markers: at most one queued message per (pass, key);
 - ordinal reservations: an ordinal promised to a claim that is on its way.
 
-Whatever a process holds lives ``hold_seconds`` (about a tick) and is renewed by that
+Whatever a process holds lives ``hold_seconds`` (half a tick) and is renewed by that
 process's ``Keeper`` while it lives, in one round trip for everything it holds, so what a
-dead process held is free again within a tick. A marker or a reservation that stands
+dead process held is free again within half a tick. A marker or a reservation that stands
 for a message in the queue is not held by any process: the queue keeps the message, and
 it lives ``queued_seconds`` (past any redelivery). The worker that receives the message
 holds them from then on (``Coordination.hold``).
@@ -106,13 +106,14 @@ MIN_HOLD_SECONDS = 1.0
 
 
 def hold_seconds(settings: Settings) -> float:
-    """How long what a process holds outlives its last renewal: a tick (at least a second).
+    """How long what a process holds outlives its last renewal: half a tick (at least a second).
 
     Its keeper renews every third of it, so a live holder misses two renewals before it
-    loses anything, and a dead one's hold is free within a tick: the next tick's scan
-    then finds the key again, so recovery takes at most 2 ticks.
+    loses anything, and a dead one's hold is free within half a tick: the next tick's scan
+    then finds the key again, so recovery takes 1.5 ticks, leaving half a tick of the
+    2-tick bound for the work itself (messages, the scan, a busy machine).
     """
-    return max(settings.tick_seconds, MIN_HOLD_SECONDS)
+    return max(settings.tick_seconds / 2, MIN_HOLD_SECONDS)
 
 
 def queued_seconds(settings: Settings) -> float:

@@ -28,7 +28,7 @@ env = test_plane_integration.env  # the fixture: a private redis-server, SQLite 
 
 pytestmark = pytest.mark.integration
 
-TICK, RECONCILE = 1.0, 2.0
+TICK, RECONCILE = 2.0, 3.0  # a hold is then half a tick (1 s), as at the defaults
 # What a loaded two-core machine adds to a bound: messages, a scan's own work, a child's start.
 SLACK = 1.5
 

@@ -255,7 +255,7 @@ def test_killed_worker_converges_after_restart(env: PlaneEnv) -> None:
     finally:
         pool.stop()
     assert set(env.rows()) == set(ids)
-    # A message lost with the killed worker frees its key's marker within a hold (a tick,
+    # A message lost with the killed worker frees its key's marker within a hold (half a tick,
     # tasks.plane.hold_seconds) and the next scan sends the key again; 30 s of room for the rest.
     bound = 30
     terminal = ("finalized", "stale")
