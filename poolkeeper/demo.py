@@ -43,7 +43,7 @@ from core.errors import InvalidInput, PoolError
 from core.settings import Settings
 from poolkeeper import operator, tokens
 from poolkeeper.client import HttpPool
-from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc
+from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, supervise
 from poolkeeper.simulate import Faults, SimPool
 from store import PoolStore, queries
 from store.models import LIVE_STATES
@@ -196,9 +196,7 @@ class Demo:
                 self._abandon_stuck(store, kanban)  # before the next look: it may settle the pool
                 if time.monotonic() - started > self.opts.timeout:
                     return False
-                for i, proc in enumerate(self.procs):  # a supervisor's job, done here for the demo
-                    if proc.crashed():
-                        self.procs[i] = proc.restarted(self.env, self.workdir)
+                self.procs = supervise(self.procs, self.env, self.workdir)  # a supervisor's job
                 time.sleep(0.5)
 
     def _abandon_stuck(self, store: PoolStore, kanban: KanbanBoard) -> None:

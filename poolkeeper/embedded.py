@@ -182,6 +182,17 @@ class CeleryProc:
                 self.kill()
 
 
+def supervise(procs: list[CeleryProc], env: dict[str, str], workdir: Path) -> list[CeleryProc]:
+    """``procs`` with every one that exited on its own replaced by a fresh one.
+
+    What systemd's ``Restart=always`` or a pod's restart policy does in a deployment: a
+    Celery worker exits when it loses its broker for good (kombu cannot restore its
+    unacknowledged messages to a Redis that restarted), and late acks lose nothing.
+    Call it every round of a watch loop; a process stopped on purpose stays stopped.
+    """
+    return [p.restarted(env, workdir) if p.crashed() else p for p in procs]
+
+
 class ServeProc:
     """``poolctl serve`` on a free loopback port, logging to a file; configured through ``POOL_*``."""
 

@@ -26,6 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from core.errors import PoolError, SettingsError, TransientError, exit_code
@@ -67,6 +68,7 @@ from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
 from celery.signals import (  # noqa: E402
     after_setup_logger,
     beat_init,
+    task_received,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
@@ -110,8 +112,18 @@ def make_app(settings: Settings) -> Celery:
             "unacked_key": f"{ns}:unacked",
             "unacked_index_key": f"{ns}:unacked_index",
             "unacked_mutex_key": f"{ns}:unacked_mutex",
+            "socket_connect_timeout": 5,
+            "socket_timeout": 15,  # longer than kombu's blocking pops (1 s)
+            "socket_keepalive": True,
         },
         broker_connection_retry_on_startup=True,
+        # Broker loss: a running task's late ack cannot reach a broker that went away, so its
+        # message is delivered again anyway; cancel it rather than do its work twice. Then the
+        # worker reconnects (broker_connection_retry), or exits once its retries run out, and
+        # its supervisor restarts it (deploy/, poolkeeper.embedded.supervise). Bounded socket
+        # timeouts make a broker that vanished without a reset an error, never a hang.
+        broker_connection_retry=True,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
         task_default_queue=queue,
         task_queues=[Queue(queue)],
         control_exchange=ns,  # remote control and events reach this deployment's workers only
@@ -137,6 +149,34 @@ def _refuse_unless_ready(settings: Settings) -> None:
 @worker_process_init.connect
 def _fresh_plane_in_child(**_: Any) -> None:
     planes.forget_after_fork()
+
+
+_main_coord: planes.Coordination | None = None
+
+
+@task_received.connect
+def _hold_received(request: Any = None, **_: Any) -> None:
+    """The worker (main process) that receives a message holds its keys' markers and reservations.
+
+    While it lives its keeper renews them; if it dies with the message unacknowledged,
+    they lapse within a hold and the next scan sends the keys again, instead of waiting
+    for the broker's visibility timeout. It holds them at most as long as a live worker
+    can keep a message: its countdown, then two time limits (one waiting for a child).
+    """
+    global _main_coord
+    if request is None or request.task_name != PROCESS_TASK:
+        return
+    try:
+        pass_name, keys = request.args[0], request.args[1]
+        p = registry.get(pass_name)
+        eta = request.eta.timestamp() - time.time() if request.eta else 0.0
+        if _main_coord is None:
+            _main_coord = planes.coordination(replace(SETTINGS, redis_url=planes.worker_redis_url(SETTINGS)))
+        ordinals = [p.reserves(k) for k in keys] if p.reserves else []
+        longest = max(eta, 0.0) + 2 * SETTINGS.task_time_limit
+        _main_coord.hold(p.name, [p.key_name(k) for k in keys], ordinals, longest)
+    except Exception as err:  # never the consumer's problem: the keys then lapse as queued ones
+        log.warning("could not hold a received message's keys: %s", err)
 
 
 @worker_init.connect

@@ -88,6 +88,9 @@ class Pass:
     run: KeyWork | None = None
     run_in: ConnectionWork | None = None
     key_name: Callable[[Key], str] = str  # the key in lock and marker names and in logs
+    # The ordinal a key holds reserved (materialize's claims): the worker that receives the
+    # key holds the reservation, and a key that does not run (lock busy) gives it back.
+    reserves: Callable[[Key], int] | None = None
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.run_in is None):

@@ -54,30 +54,36 @@ def build_payload(task: BoardTask, run_id: int) -> dict[str, Any]:
 
 
 def reserve_free(plane: Plane, at_most: int) -> list[int]:
-    """Reserve up to ``at_most`` ordinals that hold no live row and no other reservation."""
+    """Reserve up to ``at_most`` ordinals that hold no live row and no other reservation.
+
+    This process holds them (its keeper renews them) until ``hand_over`` queues or
+    releases them: a dispatcher that dies on the way frees them within a hold.
+    """
     if at_most <= 0:
         return []
     with plane.store.session(readonly=True) as s:
-        free = queries.free_ordinals(s, plane.settings.pool_size)
+        rest = queries.free_ordinals(s, plane.settings.pool_size)
     reserved: list[int] = []
-    for ordinal in free:
-        if len(reserved) == at_most:
-            break
-        if plane.coord.reserve(ordinal):
-            reserved.append(ordinal)
+    while rest and len(reserved) < at_most:  # one round trip for as many as are still wanted
+        want = at_most - len(reserved)
+        reserved += plane.coord.reserve(rest[:want])
+        rest = rest[want:]
     return reserved
 
 
 def hand_over(plane: Plane, runs: Sequence[Claim], ordinals: list[int], submit: Submit) -> int:
-    """Submit one claim per run on its reserved ordinal; release every ordinal no claim took."""
+    """Submit one claim per run on its reserved ordinal; release every ordinal no claim took.
+
+    A taken ordinal's reservation then stands for its claim in the queue (the worker that
+    receives the claim holds it, ``tasks.celery``), until materialize releases it.
+    """
     claims = [{**run, "ordinal": o} for run, o in zip(runs, ordinals, strict=False)]
     taken: set[int] = set()
     try:
         taken = {c["ordinal"] for c in submit(PASS.name, claims)}
+        plane.coord.queue_reserved(taken)
     finally:  # a claim already pending (or a failed enqueue) leaves its ordinal free
-        for ordinal in ordinals:
-            if ordinal not in taken:
-                plane.coord.release(ordinal)
+        plane.coord.release(o for o in ordinals if o not in taken)
     return len(taken)
 
 
@@ -103,8 +109,7 @@ def dispatch(plane: Plane, now: float, submit: Submit) -> int:
             log.warning("dispatch: board busy, next tick: %s", err)
             claims = []
         except BaseException:  # a bug surfaces loudly, and frees what it reserved
-            for ordinal in reserved:
-                plane.coord.release(ordinal)
+            plane.coord.release(reserved)
             raise
         runs = [{"board": c.board, "task_id": c.task_id, "run_id": c.run_id} for c in claims]
         return hand_over(plane, runs, reserved, submit)
@@ -116,7 +121,12 @@ def run(plane: Plane, claim: Claim, now: float) -> Outcome:
     try:
         return _materialize(plane, claim, now)
     finally:
-        plane.coord.release(int(claim["ordinal"]))
+        plane.coord.release([ordinal(claim)])
+
+
+def ordinal(claim: Claim) -> int:
+    """The ordinal reserved for the claim: released whether or not the claim runs."""
+    return int(claim["ordinal"])
 
 
 def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
@@ -142,7 +152,7 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
             board=board,
             task_id=task_id,
             run_id=run_id,
-            ordinal=int(claim["ordinal"]),
+            ordinal=ordinal(claim),
             payload=payload,
             pool_size=plane.settings.pool_size,
             now=now,
@@ -177,4 +187,5 @@ PASS = Pass(
     find=dispatch,
     run=run,
     key_name=claim_name,
+    reserves=ordinal,
 )

@@ -1,11 +1,19 @@
 """What every pass works with: settings, store, board, and Redis coordination.
 
-Coordination is three small things kept in Redis, all of them advisory
+Coordination is four small things kept in Redis, all of them advisory
 (correctness comes from the store's conditional updates and fences):
 
-- row locks: ``SET key token NX PX ttl``, released only by their token;
+- row locks (and the ``dispatch`` lock): ``SET key token NX PX hold``, released only by
+  their token;
 - pending markers: at most one queued message per (pass, key);
 - ordinal reservations: an ordinal promised to a claim that is on its way.
+
+Whatever a process holds lives ``hold_seconds`` (half a tick) and is renewed by that
+process's ``Keeper`` while it lives, in one round trip for everything it holds, so what a
+dead process held is free again within half a tick. A marker or a reservation that stands
+for a message in the queue is not held by any process: the queue keeps the message, and
+it lives ``queued_seconds`` (past any redelivery). The worker that receives the message
+holds them from then on (``Coordination.hold``).
 
 Every key starts with the deployment's namespace (``POOL_NAMESPACE``), as do
 its queue (``queue_name``) and task names, so deployments sharing one Redis
@@ -18,7 +26,12 @@ without Redis and for unit tests.
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
+import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -32,26 +45,34 @@ from core.errors import ConfigError, TransientError, Unavailable
 from core.settings import Settings
 from store import PoolStore
 
+log = logging.getLogger("poolkeeper.maintenance")
+
 # Each script takes a whole batch in one round trip: a key prefix and the batch's names as
 # one JSON array (ARGV), the keys composed inside the script. One argument per batch, not
 # one per key: packing a thousand keys cost the client more than Redis spent on them.
 # (A single Redis server allows keys a script composes; the Celery broker is one anyway.)
 #
-# Locks: one token per batch; the indexes (1-based) of the names it did NOT win come back
-# (in a storm, none: a reply of a thousand won indexes cost more to parse than the locking).
+# Locks (and reservations): one token per batch; the indexes (1-based) of the names it did
+# NOT win come back (in a storm, none: a reply of a thousand won indexes cost more to parse
+# than the locking). ARGV[5] 'NX' takes free keys; 'XX' takes over keys that exist (a
+# received message's markers and reservations: one already gone is not made again).
 _LOCK = """
 local busy = {}
 for i, name in ipairs(cjson.decode(ARGV[4])) do
-  if not redis.call('set', ARGV[3] .. name, ARGV[1], 'NX', 'PX', ARGV[2]) then busy[#busy + 1] = i end
+  if not redis.call('set', ARGV[3] .. name, ARGV[1], ARGV[5], 'PX', ARGV[2]) then busy[#busy + 1] = i end
 end
 return busy
 """
-# Released only where the token still holds.
+# Let go only where the token still holds: deleted, or (ARGV[4], seconds) handed to the
+# queue: the key then stands for a queued message (value 'queued') for that long.
 _UNLOCK = """
 local n = 0
 for _, name in ipairs(cjson.decode(ARGV[3])) do
   local key = ARGV[2] .. name
-  if redis.call('get', key) == ARGV[1] then n = n + redis.call('del', key) end
+  if redis.call('get', key) == ARGV[1] then
+    if ARGV[4] then redis.call('set', key, 'queued', 'EX', ARGV[4]) else redis.call('del', key) end
+    n = n + 1
+  end
 end
 return n
 """
@@ -59,7 +80,7 @@ return n
 _MARK = """
 local pending = {}
 for i, name in ipairs(cjson.decode(ARGV[3])) do
-  if not redis.call('set', ARGV[2] .. name, '1', 'NX', 'EX', ARGV[1]) then pending[#pending + 1] = i end
+  if not redis.call('set', ARGV[2] .. name, 'queued', 'NX', 'EX', ARGV[1]) then pending[#pending + 1] = i end
 end
 return pending
 """
@@ -68,29 +89,80 @@ local n = 0
 for _, name in ipairs(cjson.decode(ARGV[2])) do n = n + redis.call('del', ARGV[1] .. name) end
 return n
 """
+# The keeper's renewal: [[name, token], ...]; each key whose token still holds lives another
+# hold; the indexes of those lost (gone, or taken over by another holder) come back.
+_RENEW = """
+local lost = {}
+for i, held in ipairs(cjson.decode(ARGV[3])) do
+  local key = ARGV[2] .. held[1]
+  if redis.call('get', key) ~= held[2] or redis.call('pexpire', key, ARGV[1]) == 0 then
+    lost[#lost + 1] = i
+  end
+end
+return lost
+"""
+# Below a second, a loaded machine's scheduling alone could make a live holder miss a renewal.
+MIN_HOLD_SECONDS = 1.0
 
 
-def _batch(names: list[str]) -> str:
+def hold_seconds(settings: Settings) -> float:
+    """How long what a process holds outlives its last renewal: half a tick (at least a second).
+
+    Its keeper renews every third of it, so a live holder misses two renewals before it
+    loses anything, and a dead one's hold is free within half a tick: the next tick's scan
+    then finds the key again, so recovery takes 1.5 ticks, leaving half a tick of the
+    2-tick bound for the work itself (messages, the scan, a busy machine).
+    """
+    return max(settings.tick_seconds / 2, MIN_HOLD_SECONDS)
+
+
+def queued_seconds(settings: Settings) -> float:
+    """How long a marker or reservation of a message that no worker holds yet lives.
+
+    The message is in the queue, or delivered to a worker that died before it held it;
+    kombu redelivers the latter within the visibility timeout, so nothing needs a second
+    message before then.
+    """
+    return settings.visibility_timeout + settings.task_time_limit
+
+
+def holder_token() -> str:
+    """A token that names its holder (``host:pid:random``), so an operator sees who holds a key."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:16]}"
+
+
+def _batch(names: list[str] | list[list[str]]) -> str:
     """A batch's names as the scripts read them (UTF-8 as is, as redis-py would send a key)."""
     return json.dumps(names, ensure_ascii=False, separators=(",", ":"))
 
 
 class Coordination(Protocol):
     def lock_many(self, keys: list[str]) -> list[str | None]:
-        """One token per key, or None where another worker holds the lock."""
+        """One token per key, or None where another worker holds the lock; held while this process lives."""
         ...
 
     def unlock_many(self, held: dict[str, str]) -> None: ...
 
-    def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]: ...
+    def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]:
+        """Mark the keys' messages queued; those already pending are left out of the answer."""
+        ...
 
     def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None: ...
 
-    def is_pending(self, pass_name: str, key: str) -> bool: ...
+    def reserve(self, ordinals: Iterable[int]) -> list[int]:
+        """Those of ``ordinals`` this process now holds for claims it is about to hand over."""
+        ...
 
-    def reserve(self, ordinal: int) -> bool: ...
+    def queue_reserved(self, ordinals: Iterable[int]) -> None:
+        """Reservations this process holds now stand for claims in the queue (``queued_seconds``)."""
+        ...
 
-    def release(self, ordinal: int) -> None: ...
+    def release(self, ordinals: Iterable[int]) -> None: ...
+
+    def hold(self, pass_name: str, names: Iterable[str], ordinals: Iterable[int], seconds: float) -> None:
+        """A received message's pending markers (and its claims' reservations) are this
+        process's while it lives, for ``seconds`` at most (then they lapse within a hold)."""
+        ...
 
     def ping(self) -> None:
         """Raise ``Unavailable`` unless the coordination server answers."""
@@ -101,6 +173,82 @@ class Coordination(Protocol):
         ...
 
 
+class Keeper:
+    """Renews every key this process holds, in one round trip every third of a hold.
+
+    A daemon thread, started with the first hold; it renews nothing once nothing is
+    held. A killed process's renewals die with it (its keys lapse within a hold); a hung
+    Celery child is killed at the task time limit, and its keeper with it. A forked child
+    inherits neither its parent's holdings nor its thread.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str, hold_s: float) -> None:
+        self._renew = client.register_script(_RENEW)
+        self.prefix, self.hold_ms, self.every = prefix, int(hold_s * 1000), hold_s / 3
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._mu = threading.Lock()
+        self._held: dict[str, tuple[str, float]] = {}  # name -> (token, until: monotonic)
+        self._thread: threading.Thread | None = None
+
+    def _mine(self) -> None:
+        if os.getpid() != self._pid:  # a forked child: nothing of the parent's is held here
+            self._reset()
+
+    def add(self, names: Iterable[str], token: str, until: float = math.inf) -> None:
+        self._mine()
+        with self._mu:
+            self._held.update((name, (token, until)) for name in names)
+            if self._thread is None and self._held:
+                self._thread = threading.Thread(target=self._run, name="poolkeeper-keeper", daemon=True)
+                self._thread.start()
+
+    def discard(self, names: Iterable[str]) -> None:
+        self._mine()
+        with self._mu:
+            for name in names:
+                self._held.pop(name, None)
+
+    def token(self, name: str) -> str | None:
+        self._mine()
+        with self._mu:
+            held = self._held.get(name)
+        return held[0] if held else None
+
+    def held(self) -> dict[str, str]:
+        """What this process holds now: name -> token."""
+        self._mine()
+        with self._mu:
+            return {name: token for name, (token, _) in self._held.items()}
+
+    def renew(self) -> None:
+        """Extend every held key whose token still holds; forget the others and the overdue."""
+        now = time.monotonic()
+        with self._mu:
+            for name in [n for n, (_, until) in self._held.items() if until <= now]:
+                del self._held[name]
+            items = [[name, token] for name, (token, _) in self._held.items()]
+        if not items:
+            return
+        try:
+            lost = self._renew(args=[self.hold_ms, self.prefix, _batch(items)])
+        except redis.RedisError as err:  # the next renewal tries again; a lapse is harmless
+            log.debug("keeper: renewal failed: %s", err)
+            return
+        with self._mu:
+            for i in lost:
+                name, token = items[int(i) - 1]
+                if self._held.get(name, ("",))[0] == token:
+                    del self._held[name]
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.every)
+            self.renew()
+
+
 class RedisCoordination:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.r = client
@@ -108,22 +256,27 @@ class RedisCoordination:
         # EVALSHA: each script is sent once, then named by its digest
         scripts = (_LOCK, _UNLOCK, _MARK, _FORGET)
         self._lock, self._unlock, self._mark, self._forget = (client.register_script(s) for s in scripts)
-        self.lock_ms = int(settings.lock_ttl_seconds * 1000)
-        # A marker outlives any message it stands for: a lost message is redelivered
-        # within the visibility timeout, so it never needs a second one.
-        self.pending_s = int(settings.visibility_timeout + settings.task_time_limit)
-        self.reserve_s = int(2 * settings.task_time_limit + settings.tick_seconds)
+        self.hold_ms = int(hold_seconds(settings) * 1000)
+        self.queued_s = math.ceil(queued_seconds(settings))
+        self.keeper = Keeper(client, f"{self.prefix}:", hold_seconds(settings))
         self.where = f"redis at {mask_url(settings.redis_url)}"
 
-    def lock_many(self, keys: list[str]) -> list[str | None]:
-        if not keys:
+    def _take(self, kind: str, names: list[str]) -> list[str | None]:
+        """``SET NX`` each name for this process (its keeper renews them); None where taken."""
+        if not names:
             return []
-        token = uuid.uuid4().hex
+        token = holder_token()
         with _redis_errors():
-            busy = set(self._lock(args=[token, self.lock_ms, f"{self.prefix}:lock:", _batch(keys)]))
-        return [None if i in busy else token for i in range(1, len(keys) + 1)]
+            busy = set(self._lock(args=[token, self.hold_ms, f"{self.prefix}:{kind}:", _batch(names), "NX"]))
+        won = [None if i in busy else token for i in range(1, len(names) + 1)]
+        self.keeper.add((f"{kind}:{n}" for n, t in zip(names, won, strict=True) if t), token)
+        return won
+
+    def lock_many(self, keys: list[str]) -> list[str | None]:
+        return self._take("lock", keys)
 
     def unlock_many(self, held: dict[str, str]) -> None:
+        self.keeper.discard(f"lock:{key}" for key in held)
         by_token: dict[str, list[str]] = {}
         for key, token in held.items():
             by_token.setdefault(token, []).append(key)
@@ -137,27 +290,48 @@ class RedisCoordination:
             return []
         with _redis_errors():
             pending = set(
-                self._mark(args=[self.pending_s, f"{self.prefix}:pending:{pass_name}:", _batch(keys)])
+                self._mark(args=[self.queued_s, f"{self.prefix}:pending:{pass_name}:", _batch(keys)])
             )
         return [k for i, k in enumerate(keys, 1) if i not in pending]
 
     def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None:
         names = list(keys)
         if names:
+            self.keeper.discard(f"pending:{pass_name}:{n}" for n in names)
             with _redis_errors():
                 self._forget(args=[f"{self.prefix}:pending:{pass_name}:", _batch(names)])
 
-    def is_pending(self, pass_name: str, key: str) -> bool:
-        with _redis_errors():
-            return bool(self.r.exists(f"{self.prefix}:pending:{pass_name}:{key}"))
+    def reserve(self, ordinals: Iterable[int]) -> list[int]:
+        wanted = list(ordinals)
+        won = self._take("reserved", [str(o) for o in wanted])
+        return [o for o, token in zip(wanted, won, strict=True) if token]
 
-    def reserve(self, ordinal: int) -> bool:
+    def queue_reserved(self, ordinals: Iterable[int]) -> None:
+        by_token: dict[str, list[str]] = {}
+        for ordinal in ordinals:
+            if token := self.keeper.token(f"reserved:{ordinal}"):
+                by_token.setdefault(token, []).append(str(ordinal))
+        self.keeper.discard(f"reserved:{n}" for names in by_token.values() for n in names)
         with _redis_errors():
-            return bool(self.r.set(f"{self.prefix}:reserved:{ordinal}", "1", nx=True, ex=self.reserve_s))
+            for token, names in by_token.items():
+                self._unlock(args=[token, f"{self.prefix}:reserved:", _batch(names), self.queued_s])
 
-    def release(self, ordinal: int) -> None:
+    def release(self, ordinals: Iterable[int]) -> None:
+        names = [str(o) for o in ordinals]
+        if names:
+            self.keeper.discard(f"reserved:{n}" for n in names)
+            with _redis_errors():
+                self._forget(args=[f"{self.prefix}:reserved:", _batch(names)])
+
+    def hold(self, pass_name: str, names: Iterable[str], ordinals: Iterable[int], seconds: float) -> None:
+        keys = [f"pending:{pass_name}:{n}" for n in names] + [f"reserved:{o}" for o in ordinals]
+        if not keys:
+            return
+        token = holder_token()
         with _redis_errors():
-            self.r.delete(f"{self.prefix}:reserved:{ordinal}")
+            gone = set(self._lock(args=[token, self.hold_ms, f"{self.prefix}:", _batch(keys), "XX"]))
+        kept = [k for i, k in enumerate(keys, 1) if i not in gone]
+        self.keeper.add(kept, token, until=time.monotonic() + seconds)
 
     def ping(self) -> None:
         with _redis_errors(self.where):
@@ -169,7 +343,7 @@ class RedisCoordination:
 
 
 class LocalCoordination:
-    """In-process coordination (one process, no Redis)."""
+    """In-process coordination (one process, no Redis): nothing outlives its holder, nothing to renew."""
 
     def __init__(self) -> None:
         self._mu = threading.Lock()
@@ -182,7 +356,7 @@ class LocalCoordination:
         with self._mu:
             tokens: list[str | None] = []
             for key in keys:
-                token = None if key in self._locks else uuid.uuid4().hex
+                token = None if key in self._locks else holder_token()
                 if token is not None:
                     self._locks[key] = token
                 tokens.append(token)
@@ -204,19 +378,21 @@ class LocalCoordination:
         with self._mu:
             self._pending.difference_update((pass_name, k) for k in keys)
 
-    def is_pending(self, pass_name: str, key: str) -> bool:
-        return (pass_name, key) in self._pending
-
-    def reserve(self, ordinal: int) -> bool:
+    def reserve(self, ordinals: Iterable[int]) -> list[int]:
         with self._mu:
-            if ordinal in self._reserved:
-                return False
-            self._reserved.add(ordinal)
-            return True
+            won = [o for o in ordinals if o not in self._reserved]
+            self._reserved.update(won)
+            return won
 
-    def release(self, ordinal: int) -> None:
+    def queue_reserved(self, ordinals: Iterable[int]) -> None:
+        return None
+
+    def release(self, ordinals: Iterable[int]) -> None:
         with self._mu:
-            self._reserved.discard(ordinal)
+            self._reserved.difference_update(ordinals)
+
+    def hold(self, pass_name: str, names: Iterable[str], ordinals: Iterable[int], seconds: float) -> None:
+        return None
 
     def ping(self) -> None:
         return None
@@ -256,17 +432,22 @@ class Plane:
 
         A Redis URL that cannot work is a ``ConfigError``; nothing connects yet.
         """
-        coord: Coordination
-        if not settings.redis_url:
-            coord = LocalCoordination()
-        else:
-            try:
-                client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
-            except ValueError as err:
-                raise ConfigError(f"redis URL {mask_url(settings.redis_url)!r}: {err}") from None
-            coord = RedisCoordination(client, settings)
         store = store or PoolStore.from_settings(settings)
-        return cls(settings, store, open_board(settings, kanban), coord)
+        return cls(settings, store, open_board(settings, kanban), coordination(settings))
+
+
+def coordination(settings: Settings) -> Coordination:
+    """Redis coordination on ``settings.redis_url``, else in-process.
+
+    A URL that cannot work is a ``ConfigError``; nothing connects yet.
+    """
+    if not settings.redis_url:
+        return LocalCoordination()
+    try:
+        client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    except ValueError as err:
+        raise ConfigError(f"redis URL {mask_url(settings.redis_url)!r}: {err}") from None
+    return RedisCoordination(client, settings)
 
 
 _current: Plane | None = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -99,14 +99,17 @@ def run_batch(plane: Plane, pass_name: str, keys: list[Key], now: float, abort: 
     except TransientError as err:
         result.transient = [(k, err) for k in keys]
         return result
-    mine = []
+    mine, busy = [], []
     for key, token in zip(keys, tokens, strict=True):
         if token is None:
             metrics.LOCK_BUSY.labels(p.name).inc()
             result.finish(key, Outcome.LOCK_BUSY)
+            busy.append(key)
         else:
             mine.append(key)
     try:
+        if busy and p.reserves is not None:
+            _give_back(plane, p.reserves, busy)
         if p.store_only:
             _run_in_one_transaction(plane, p, mine, now, result, abort)
         else:
@@ -117,6 +120,16 @@ def run_batch(plane: Plane, pass_name: str, keys: list[Key], now: float, abort: 
             plane.coord.unlock_many({n: t for n, t in zip(lock_names, tokens, strict=True) if t})
         result.report()
     return result
+
+
+def _give_back(plane: Plane, reserves: Callable[[Key], int], keys: list[Key]) -> None:
+    """A key that did not run gives its reservation back: only a row may keep an ordinal.
+
+    (Its lock's holder is a duplicate, or dead: a live duplicate that loses its
+    reservation so can at worst meet ``OrdinalTaken``, deferred to reconcile.)
+    """
+    with suppress(TransientError):  # else it lapses with its holder's hold
+        plane.coord.release(reserves(k) for k in keys)
 
 
 def _run_alone(plane: Plane, p: Pass, key: Key, now: float, result: BatchResult, abort: Abort) -> None:

@@ -72,7 +72,7 @@ def test_dispatch_surfaces_a_programming_error(plane: Plane) -> None:
     plane.board = ChangedBoard(plane.settings.board_url)
     with pytest.raises(AttributeError):
         dispatched(plane)
-    assert all(plane.coord.reserve(o) for o in range(3)), "reservations were released"
+    assert plane.coord.reserve(range(3)) == [0, 1, 2], "reservations were released"
 
 
 def test_dispatch_absorbs_a_busy_board(plane: Plane, kanban: KanbanBoard) -> None:
@@ -153,6 +153,20 @@ def test_materialize_on_a_taken_ordinal_is_deferred_without_touching_the_board(
     job = {"board": "b", "task_id": "late", "run_id": claim.run_id, "ordinal": taken}
     assert runner.run_key(plane, "materialize", job, NOW) == "deferred"
     assert kanban.get_task("b", "late").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_a_claim_whose_lock_is_busy_gives_its_reservation_back_and_changes_nothing(
+    plane: Plane, kanban: KanbanBoard
+) -> None:
+    # Given a claim on its reserved ordinal whose lock another (dead or duplicate) holder has
+    kanban.add_task("b", "t", task_id="t")
+    [claim] = dispatched(plane)
+    plane.coord.lock_many([registry.get("materialize").lock_name(claim)])
+    # When its message runs: lock busy, and the ordinal is free for the next claim
+    assert runner.run_key(plane, "materialize", claim, NOW) == "lock_busy"
+    assert plane.coord.reserve([claim["ordinal"]]) == [claim["ordinal"]]
+    with plane.store.session() as s:
+        assert queries.rows(s) == []
 
 
 def test_an_unreadable_row_is_seen_by_the_operator_and_freed_by_the_boards_word(

@@ -1,0 +1,131 @@
+"""Redis coordination on a real redis-server: what a process holds lives a hold, renewed while it lives."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from core.settings import Settings
+from poolkeeper.embedded import RedisServer, wait_for
+from tasks.plane import Keeper, LocalCoordination, RedisCoordination, hold_seconds, queued_seconds
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = Settings(tick_seconds=1.0, task_time_limit=10.0, visibility_timeout=1000.0)
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[redis.Redis]:
+    server = RedisServer(tmp_path).start()
+    yield server.client()
+    server.stop()
+
+
+def ttl(client: redis.Redis, key: str) -> float:
+    return float(client.pttl(f"poolkeeper:{key}")) / 1000
+
+
+def test_the_ttls_come_from_the_tick_never_from_a_time_limit() -> None:
+    assert hold_seconds(Settings()) == Settings().tick_seconds / 2 == 2.5
+    assert hold_seconds(Settings(tick_seconds=0.1)) == 1.0  # a floor: a loaded machine's jitter
+    assert queued_seconds(SETTINGS) == 1010.0
+
+
+def test_a_lock_lives_a_hold_and_is_renewed_while_its_holder_lives(client: redis.Redis) -> None:
+    coord = RedisCoordination(client, SETTINGS)
+    [token] = coord.lock_many(["row:1"])
+    assert token is not None and token.split(":")[1] == str(os.getpid()), "the token names its holder"
+    assert 0 < ttl(client, "lock:row:1") <= 1.0
+    time.sleep(2.5)  # more than two holds: only the keeper's renewals keep it
+    assert client.get("poolkeeper:lock:row:1") == token.encode()
+    coord.unlock_many({"row:1": token})
+    assert coord.keeper.held() == {} and not client.exists("poolkeeper:lock:row:1")
+
+
+def test_a_lock_whose_holder_stops_renewing_lapses_within_a_hold(client: redis.Redis) -> None:
+    coord = RedisCoordination(client, SETTINGS)
+    assert coord.lock_many(["dispatch"]) != [None]
+    coord.keeper.discard(["lock:dispatch"])  # as if the holder died: nothing renews it
+    wait_for("the lock to lapse", lambda: not client.exists("poolkeeper:lock:dispatch"), 1.5, every=0.05)
+    assert RedisCoordination(client, SETTINGS).lock_many(["dispatch"]) != [None]
+
+
+def test_renewal_is_one_round_trip_and_forgets_what_another_holder_took(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Keeper, "_run", lambda self: None)  # renewals only where this test says
+    coord = RedisCoordination(client, SETTINGS)
+    tokens = coord.lock_many([f"row:{i}" for i in range(100)])
+    coord.keeper.renew()  # the script is loaded
+    client.set("poolkeeper:lock:row:7", "someone else")
+    client.delete("poolkeeper:lock:row:8")
+    before = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    coord.keeper.renew()
+    assert client.info("commandstats")["cmdstat_evalsha"]["calls"] == before + 1
+    held = coord.keeper.held()
+    assert len(held) == 98 and "lock:row:7" not in held and "lock:row:8" not in held
+    assert client.get("poolkeeper:lock:row:7") == b"someone else", "never renewed nor taken back"
+    assert tokens[0] is not None
+
+
+def test_a_reservation_is_held_then_queued_with_its_claim(client: redis.Redis) -> None:
+    coord, other = RedisCoordination(client, SETTINGS), RedisCoordination(client, SETTINGS)
+    assert coord.reserve([0, 1, 2]) == [0, 1, 2]
+    assert other.reserve([1, 3]) == [3]
+    assert 0 < ttl(client, "reserved:0") <= 1.0  # held by its dispatcher: gone within a hold if it dies
+    coord.queue_reserved([0])  # handed over: its claim is in the queue
+    assert ttl(client, "reserved:0") > 900 and "reserved:0" not in coord.keeper.held()
+    coord.release([1, 2])
+    assert not client.exists("poolkeeper:reserved:1") and not client.exists("poolkeeper:reserved:2")
+
+
+def test_the_receiver_holds_a_message_s_marker_and_reservation_until_it_dies(client: redis.Redis) -> None:
+    dispatcher, receiver = RedisCoordination(client, SETTINGS), RedisCoordination(client, SETTINGS)
+    assert dispatcher.mark_pending("materialize", ["b:t:1", "b:u:1"]) == ["b:t:1", "b:u:1"]
+    assert dispatcher.mark_pending("materialize", ["b:t:1"]) == [], "one message per key"
+    assert dispatcher.reserve([4]) == [4]
+    dispatcher.queue_reserved([4])
+    assert ttl(client, "pending:materialize:b:t:1") > 900  # queued: the queue keeps the message
+    receiver.hold("materialize", ["b:t:1", "b:gone:1"], [4], seconds=60)
+    assert set(receiver.keeper.held()) == {"pending:materialize:b:t:1", "reserved:4"}, "nothing recreated"
+    assert not client.exists("poolkeeper:pending:materialize:b:gone:1")
+    assert 0 < ttl(client, "pending:materialize:b:t:1") <= 1.0 and 0 < ttl(client, "reserved:4") <= 1.0
+    time.sleep(2.5)
+    assert client.exists("poolkeeper:pending:materialize:b:t:1", "poolkeeper:reserved:4") == 2
+    receiver.keeper.discard(list(receiver.keeper.held()))  # the receiver died
+    wait_for("its keys to lapse", lambda: not client.exists("poolkeeper:reserved:4"), 1.5, every=0.05)
+    assert dispatcher.mark_pending("materialize", ["b:t:1"]) == ["b:t:1"], "the key can be sent again"
+
+
+def test_a_hold_ends_at_its_deadline_even_while_its_holder_lives(client: redis.Redis) -> None:
+    coord = RedisCoordination(client, SETTINGS)
+    coord.mark_pending("expire", ["9"])
+    coord.hold("expire", ["9"], [], seconds=0.5)
+    wait_for("the hold to end", lambda: not client.exists("poolkeeper:pending:expire:9"), 2.5, every=0.05)
+
+
+def test_a_forked_child_holds_nothing_of_its_parent(client: redis.Redis) -> None:
+    coord = RedisCoordination(client, SETTINGS)
+    coord.lock_many(["row:1"])
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its keeper starts empty, and renews nothing of the parent's
+        os.write(write, b"1" if coord.keeper.held() == {} else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    assert "lock:row:1" in coord.keeper.held()
+
+
+def test_local_coordination_keeps_the_same_protocol() -> None:
+    coord = LocalCoordination()
+    assert coord.reserve([0, 1]) == [0, 1] and coord.reserve([1, 2]) == [2]
+    coord.queue_reserved([0])
+    coord.hold("materialize", ["b:t:1"], [0], seconds=1)
+    coord.release([0, 1, 2])
+    assert coord.reserve([0, 1, 2]) == [0, 1, 2]
