@@ -320,10 +320,10 @@ def _add_docs(app: FastAPI) -> None:
 
 
 class _StoreGauges(Collector):
-    """The plane's store gauges (``tasks.metrics.StoreCollector``), plus whether the store answered."""
+    """The plane's store gauges (``tasks.collectors.StoreCollector``), plus whether the store answered."""
 
     def __init__(self, pool: PoolStore) -> None:
-        from tasks.metrics import StoreCollector
+        from tasks.collectors import StoreCollector
 
         self.inner = StoreCollector(pool)
 

@@ -332,8 +332,8 @@ def _classify(err: Exception) -> tuple[int, str]:
 
 
 def plane_gauges(settings: Settings) -> Any:
-    """Serve's /metrics collector for each pass's last scan and the queue depth (``tasks.metrics``)."""
-    from tasks.metrics import PlaneCollector
+    """Serve's /metrics collector for each pass's last scan and the queue depth (``tasks.collectors``)."""
+    from tasks.collectors import PlaneCollector
 
     client, _ = redis_reader(settings)
     return PlaneCollector(settings, client)
