@@ -2,7 +2,10 @@
 
 Each is one ``PoolStore`` call; ``errors.install`` answers its refusals by class. The
 body's dependency checks that the token acts for the ordinal the body names before
-the store is called. Handlers are plain functions, so FastAPI runs them in its thread pool and the event
+the store is called. A heartbeat's or release's envelope reaches the store as the
+models validated it (``Envelope.checked``), not dumped and parsed again; a result's
+payload is still the store's to check (``validate.document``: size, depth, keys).
+Handlers are plain functions, so FastAPI runs them in its thread pool and the event
 loop keeps serving others while one waits on the store.
 """
 
@@ -67,7 +70,7 @@ def offer(
 @router.post("/heartbeat", response_model=DeliveryResponse)
 def heartbeat(body: OwnEnvelope, pool: Pool, write: Write) -> DeliveryResponse:
     """Extend the lease of the exact attempt and fence the envelope names."""
-    return DeliveryResponse(outcome=write(pool.heartbeat, body.model_dump()))
+    return DeliveryResponse(outcome=write(pool.heartbeat, body.checked(pool.pool_size)))
 
 
 @router.post("/result", response_model=DeliveryResponse)
@@ -79,4 +82,4 @@ def result(body: Annotated[ResultEnvelope, Depends(_result)], pool: Pool, write:
 @router.post("/release", response_model=ReleaseResponse)
 def release(body: OwnEnvelope, pool: Pool, write: Write) -> ReleaseResponse:
     """Hand the run back: re-offered at once (next attempt), or ``lease_failed`` at the last one."""
-    return ReleaseResponse(outcome=write(pool.release, body.model_dump()))
+    return ReleaseResponse(outcome=write(pool.release, body.checked(pool.pool_size)))
