@@ -146,10 +146,16 @@ class Screen:
         return self.failure(status, f"{why[0].upper()}{why[1:]}. Nothing was changed.")
 
 
-async def _visitor(request: Request) -> Screen:
+async def _screen(request: Request) -> Screen:
+    return Screen(request, request.app.state.console)
+
+
+AnyScreen = Annotated[Screen, Depends(_screen)]
+
+
+async def _visitor(screen: AnyScreen) -> Screen:
     """Anyone, signed in or not, whose address holds nothing a console page refuses."""
-    screen = Screen(request, request.app.state.console)
-    if (why := _input_refusal(request)) is not None:
+    if (why := _input_refusal(screen.request)) is not None:
         raise Answer(screen.failure(422, why))
     return screen
 
@@ -178,9 +184,9 @@ async def _posted(request: Request) -> dict[str, str]:
 Form = Annotated[dict[str, str], Depends(_posted)]
 
 
-async def _checked(request: Request, form: Form) -> dict[str, str]:
+async def _checked(screen: AnyScreen, form: Form) -> dict[str, str]:
     """A form that may act: a live session, its check value, this site's ``Origin`` (else one page)."""
-    if (refused := Screen(request, request.app.state.console).refused_form(form)) is not None:
+    if (refused := screen.refused_form(form)) is not None:
         raise Answer(refused)
     return form
 
@@ -252,8 +258,8 @@ def login_form(screen: Visitor, next: str = "/ui") -> Response:
 
 
 @ui.post("/login", response_class=HTMLResponse)
-async def login(request: Request, form: Form) -> Response:
-    screen = Screen(request, request.app.state.console)
+async def login(screen: AnyScreen, form: Form) -> Response:
+    request = screen.request
     if (why := _input_refusal(request, form)) is not None:
         return screen.failure(422, why)
     target = _safe_next(form.get("next", "/ui"))
@@ -270,10 +276,9 @@ async def login(request: Request, form: Form) -> Response:
 
 
 @ui.post("/logout")
-async def logout(request: Request, form: Form) -> Response:
-    screen = Screen(request, request.app.state.console)
+async def logout(screen: AnyScreen, form: Form) -> Response:
     # a checked form, like any other, so no other site signs the operator out; signed out, nothing to end
-    if screen.auth.signed_in(request) and (refused := screen.refused_form(form)) is not None:
+    if screen.auth.signed_in(screen.request) and (refused := screen.refused_form(form)) is not None:
         return refused
     response = RedirectResponse("/ui/login", 303, headers=HEADERS)
     screen.auth.end_session(response)
@@ -294,8 +299,8 @@ def confirm_row(screen: SignedIn, row: str, action: str) -> Response:
 
 
 @ui.post("/rows/{row}/{action}", response_class=HTMLResponse)
-async def act_on_row(request: Request, row: str, action: str, form: CheckedForm) -> Response:
-    screen = Screen(request, request.app.state.console)
+async def act_on_row(screen: AnyScreen, row: str, action: str, form: CheckedForm) -> Response:
+    request = screen.request
 
     def act() -> str:
         row_id = _row_id(row)
@@ -319,8 +324,8 @@ def confirm_task(screen: SignedIn, board: str, task: str, action: str) -> Respon
 
 
 @ui.post("/board/{board}/tasks/{task}/{action}", response_class=HTMLResponse)
-async def act_on_task(request: Request, board: str, task: str, action: str, form: CheckedForm) -> Response:
-    screen = Screen(request, request.app.state.console)
+async def act_on_task(screen: AnyScreen, board: str, task: str, action: str, form: CheckedForm) -> Response:
+    request = screen.request
 
     def act() -> str:
         if action not in TASK_ACTIONS:
