@@ -1,34 +1,42 @@
-"""The error classes that decide what a maintenance pass does with a failure.
+"""The project's exception tree. Each class carries what it means to the edges, as attributes:
 
-| class            | meaning                                   | what the pass does                 |
-| ---------------- | ----------------------------------------- | ---------------------------------- |
-| TransientError   | store/board busy, connection lost, OSError | retry the row later, with backoff  |
-| ProtocolError    | pool-side conflict: lost race, stale fence | nothing on the board; deferred     |
-| CapabilityError  | the run itself cannot be served            | park exactly that run on the board |
-| anything else    | a bug or poisoned data                     | recorded on that row; backoff      |
-
-A ``TransientError`` that is ``Unavailable`` (a server refused or dropped the
-connection) is retried the same way; ``poolctl`` reports it apart from "busy".
-A ``ConfigError`` (a database file or URL that cannot work) is never retried.
-
-``InvalidInput`` and ``NotFound`` are refusals of a caller's request (a worker
-envelope, an operator command): they name what was wrong and change nothing, as
-``Denied`` does (a server refused the caller's token: 401 or 403).
+``exit_code`` (what ``poolctl``, a Celery worker or beat exits with), ``http_status``
+(what ``poolctl serve`` answers, and what ``poolkeeper.client`` maps back to the class),
+and ``hint`` (words put before the message on the command line). The CLI, the server,
+the console and the client read these attributes; nothing keeps a table of its own.
+What a maintenance pass does with each class (``tasks.failures.classify``) and the
+table of every class with its codes: docs/design.md, section 6 ("Error classes").
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class PoolError(Exception):
-    """Base of every error poolkeeper raises on purpose."""
+    """Base of every error poolkeeper raises on purpose: a refusal with no code of its own."""
+
+    exit_code: ClassVar[int] = 1
+    http_status: ClassVar[int] = 409
+    hint: ClassVar[str] = ""
+
+    def line(self) -> str:
+        """The one line the command line prints: the hint, then the message."""
+        return f"{self.hint}: {self}" if self.hint else str(self)
 
 
 class SettingsError(PoolError, ValueError):
-    """A ``POOL_*`` variable has a bad value; the message names the variable."""
+    """A ``POOL_*`` variable (or a server option) has a bad value; the message names it."""
+
+    exit_code = 2
 
 
 class TransientError(PoolError):
     """Nothing changed; the same call may succeed later."""
+
+    exit_code = 75
+    http_status = 503
+    hint = "busy, try again"
 
 
 class Unavailable(TransientError):
@@ -38,6 +46,9 @@ class Unavailable(TransientError):
     server's URL with the password masked.
     """
 
+    exit_code = 69
+    hint = ""
+
 
 class ConfigError(PoolError):
     """A database or Redis URL, or a database file, that cannot work as configured.
@@ -46,6 +57,8 @@ class ConfigError(PoolError):
     initialised: retrying will not help. The message names the URL (password masked).
     """
 
+    exit_code = 78  # sysexits.h EX_CONFIG; systemd units do not restart on it
+
 
 class ProtocolError(PoolError):
     """A pool-side conflict. Never turned into a board mutation."""
@@ -53,6 +66,9 @@ class ProtocolError(PoolError):
 
 class LostRace(ProtocolError):
     """A conditional update matched nothing: another writer got there first."""
+
+    exit_code = 75
+    hint = "changed concurrently, try again"
 
 
 class StaleHolder(ProtocolError):
@@ -94,6 +110,9 @@ class CorruptRow(PoolError):
 class InvalidInput(PoolError, ValueError):
     """A request was malformed. ``field`` names the offending field."""
 
+    exit_code = 2
+    http_status = 422
+
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
@@ -103,32 +122,34 @@ class InvalidInput(PoolError, ValueError):
 class NotFound(PoolError, LookupError):
     """An unknown row, board or task."""
 
+    exit_code = 2
+    http_status = 404
+
 
 class Denied(PoolError):
     """A server refused the caller itself (401 not authenticated, 403 not allowed): a wrong or foreign
     token, which retrying will not change."""
 
+    exit_code = 2
+    http_status = 403
+
+
+class Unauthenticated(Denied):
+    """No bearer token, or one this server did not issue (``poolctl serve`` answers 401)."""
+
+    http_status = 401
+
+
+class Forbidden(Denied):
+    """A valid token acting beyond its ordinal, grant or role (``poolctl serve`` answers 403)."""
+
 
 class UnusableURL(SettingsError, ConfigError):
     """A ``POOL_*_URL`` no database driver or HTTP client can open: named by its variable, never echoed."""
 
-
-# What a command-line process exits with, by error class (first match wins): `poolctl`,
-# and a worker or beat that refuses to start. Anything not ours is 1 too, reported as an
-# internal error with a hint to the traceback.
-EXIT_CODES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, str], ...] = (
-    (ConfigError, 78, ""),  # first: an unusable URL is a setting and a configuration error
-    ((SettingsError, InvalidInput, NotFound, Denied), 2, ""),  # a refused request: fix it, not retry
-    (Unavailable, 69, ""),
-    (TransientError, 75, "busy, try again: "),
-    (LostRace, 75, "changed concurrently, try again: "),
-    (PoolError, 1, ""),  # any other refusal of ours (a stale grant or child): one plain line
-)
+    exit_code = ConfigError.exit_code  # a setting, and first of all one that cannot work
 
 
 def exit_code(err: Exception) -> tuple[int, str] | None:
-    """The exit code and one-line message for a refusal of ours, or None for anything else."""
-    for kinds, code, prefix in EXIT_CODES:
-        if isinstance(err, kinds):
-            return code, f"{prefix}{err}"
-    return None
+    """The exit code and one-line message for a refusal of ours, or None for anything else (exit 1)."""
+    return (err.exit_code, err.line()) if isinstance(err, PoolError) else None

@@ -27,6 +27,7 @@ INT32_MAX = 2**31 - 1  # an ``Integer`` column (SQLAlchemy: 32-bit on PostgreSQL
 INT64_MAX = 2**63 - 1  # a ``BigInteger`` column (and any SQLite integer)
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 MAX_ROW_ID = INT32_MAX  # a pool row id is an ``Integer`` column
+MAX_POOL_SIZE = 100_000  # POOL_SIZE's ceiling: ordinals are 0..MAX_POOL_SIZE-1 at most
 SECRET_KEY_RE = re.compile(
     r"passw(or)?d|passphrase|secret|token|api[_-]?key|access[_-]?key|private[_-]?key"
     r"|credential|(^|[_-])auth($|[_-]|orization)|cookie|session[_-]?id",

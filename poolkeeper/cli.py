@@ -1,7 +1,8 @@
 """``poolctl``: the operator's command line.
 
-Every failure is one line on stderr and an exit code from ``core.errors.EXIT_CODES`` (the
-table in ``EPILOG`` and README "Operate"), never a traceback unless
+Every failure is one line on stderr and the exit code its error class carries
+(``core.errors``, ``exit_code``; the table in ``EPILOG``, README "Operate" and
+docs/design.md section 6), never a traceback unless
 ``POOLCTL_DEBUG=1``. Only ``init`` creates a database.
 """
 
@@ -36,7 +37,7 @@ from store.models import RowState
 if TYPE_CHECKING:
     from poolkeeper.client import ChildToken, PoolClient
 
-# The first class that matches decides; anything else is an internal error (exit 1).
+# Each error class carries its code (core.errors); anything else is an internal error (exit 1).
 EPILOG = """Exit codes:
 
 \b
@@ -364,8 +365,6 @@ def demo(
 
 # --- wire protocol -------------------------------------------------------------
 
-EX_CONFIG = 78  # sysexits.h: a configuration error; systemd's unit does not restart on it
-
 
 @app.command()
 def serve(
@@ -382,17 +381,14 @@ def serve(
     """Serve the worker protocol over HTTP/JSON (/v1, /healthz, /readyz, /metrics, /docs)."""
     from poolkeeper.server import serve as server
 
-    try:
-        settings = _settings()
-        server.run(
-            settings,
-            host=host or settings.serve_host,
-            port=settings.serve_port if port is None else port,
-            local_only=local_only,
-            access_log=access_log,
-        )
-    except SettingsError as e:
-        _fail(str(e), EX_CONFIG)
+    settings = _settings()
+    server.run(
+        settings,
+        host=host or settings.serve_host,
+        port=settings.serve_port if port is None else port,
+        local_only=local_only,
+        access_log=access_log,
+    )
 
 
 @app.command()
@@ -405,14 +401,11 @@ def token(
     """Print a bearer token derived from POOL_SERVER_SECRET (a worker's, or the operator's)."""
     from poolkeeper import tokens
 
-    try:
-        settings = _settings()
-    except SettingsError as e:
-        _fail(str(e), EX_CONFIG)
+    settings = _settings()
     if (ordinal is None) == (not operator):
         raise InvalidInput("token", "give exactly one of --ordinal N and --operator")
     if not settings.server_secret:
-        _fail("POOL_SERVER_SECRET (or POOL_SERVER_SECRET_FILE) is not set: no token to derive", EX_CONFIG)
+        raise SettingsError("POOL_SERVER_SECRET (or POOL_SERVER_SECRET_FILE) is not set: no token to derive")
     if ordinal is not None and ordinal >= settings.pool_size:
         raise InvalidInput("--ordinal", f"must be below POOL_SIZE ({settings.pool_size}), got {ordinal}")
     secret = settings.server_secret
@@ -708,7 +701,7 @@ def board_unblock(board: str, task_id: str) -> None:
 
 
 def main() -> None:
-    """Entry point: every failure is one line on stderr and its exit code (``core.errors.EXIT_CODES``)."""
+    """Entry point: every failure is one line on stderr and the exit code its class carries."""
     try:
         _require_utf8(sys.argv[1:])
         code = app(prog_name="poolctl", standalone_mode=False)

@@ -5,11 +5,12 @@ or a broken connection is retried with exponential backoff and jitter
 (``core.retry.RetryPolicy``), at least as long as ``Retry-After`` asks; a retry
 of one call sends the same delivery id, so the store answers a delivery that
 already landed with ``duplicate``. Refusals come back as the project's errors,
-by the class the server names: ``StaleHolder``, ``DeliveryConflict``,
-``LineageTooDeep`` (409),
-``NotFound`` (404), ``InvalidInput`` (422), ``Refused`` (408, 413; for 401 and
-403 ``AccessDenied``, also a ``core.errors.Denied``), ``TransientError`` once
-the retries are spent (``Unavailable`` when the last try could not connect).
+by the class the server names when the status is the one that class carries
+(``http_status``, docs/design.md section 6): ``StaleHolder``, ``DeliveryConflict``
+and the other ``ProtocolError`` classes, ``NotFound``, ``InvalidInput``;
+``AccessDenied`` (also a ``core.errors.Denied``) for 401 and 403, ``Refused`` for
+anything else (408, 413); ``TransientError`` once the retries are spent
+(``Unavailable`` when the last try could not connect).
 ``check_url`` says up front whether a URL can reach a server at all
 (``poolctl worker`` and ``poolctl child`` call it).
 """
@@ -29,18 +30,18 @@ from core.errors import InvalidInput, NotFound, PoolError, ProtocolError, Transi
 from core.retry import RetryPolicy
 
 CLIENT_RETRY = RetryPolicy(base_seconds=0.2, max_seconds=5.0)  # 0.1-0.2 s, 0.2-0.4 s, ... up to 2.5-5 s
-_PROTOCOL = {
-    cls.__name__: cls
-    for cls in (
-        errors.StaleHolder,
-        errors.DeliveryConflict,
-        errors.LostRace,
-        errors.OrdinalTaken,
-        errors.DuplicateIdentity,
-        errors.LineageTooDeep,
-        errors.LineageLive,
-    )
-}
+# The refusals of a request the server names by class; each is known again by its name when the
+# answer's status is the one the class carries (``http_status``). A 409 or 422 of another name is
+# the general class carrying that status.
+_REFUSALS: tuple[type[PoolError], ...] = (InvalidInput, NotFound, ProtocolError)
+
+
+def _descendants(cls: type[PoolError]) -> list[type[PoolError]]:
+    return [cls, *(d for sub in cls.__subclasses__() for d in _descendants(sub))]
+
+
+_BY_NAME = {d.__name__: d for cls in _REFUSALS for d in _descendants(cls)}
+_BY_STATUS = {cls.http_status: cls for cls in (InvalidInput, ProtocolError)}
 
 
 class Refused(PoolError):
@@ -322,16 +323,16 @@ def _refusal(response: httpx.Response) -> PoolError:
         )
     )
     status = response.status_code
-    if status in (401, 403):
+    if status in (errors.Unauthenticated.http_status, errors.Forbidden.http_status):
         return AccessDenied(status, error or "HTTPError", text)
-    if status == 409:
-        return _PROTOCOL.get(error, ProtocolError)(text)
-    if status == 404 and error == "NotFound":
-        return NotFound(text)
-    if status == 422:
+    named = _BY_NAME.get(error)
+    cls = named if named is not None and named.http_status == status else _BY_STATUS.get(status)
+    if cls is None:
+        return Refused(status, error or "HTTPError", text)
+    if issubclass(cls, InvalidInput):
         name, _, problem = text.partition(": ")
         return InvalidInput(name, problem) if problem else InvalidInput("request", text)
-    return Refused(status, error or "HTTPError", text)
+    return cls(text)
 
 
 class HttpPool:

@@ -1,10 +1,11 @@
 """The pool's numbers in one place: ``poolctl status --json`` prints them, the console shows them.
 
-One function builds them, so the page and the command cannot disagree: rows by
-state, ordinals (free, held by a healthy live row, held by a quarantined one),
-the oldest ``lease_failed`` row, live child executions, audit events written,
-board tasks by status, and from Redis each pass's last scan, beat liveness and
-the queue depth (``tasks.liveness``; ``None`` when Redis does not answer).
+``store.numbers.read`` reads the store's part, as it does for ``/v1/status`` and the
+store gauges of ``/metrics``, so none of them can disagree: rows by state, ordinals
+(free, held by a healthy live row, held by a quarantined one), the oldest
+``lease_failed`` row, live child executions, audit events written; then board tasks
+by status, and from Redis each pass's last scan, beat liveness and the queue depth
+(``tasks.liveness``; ``None`` when Redis does not answer).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import redis
 
 from board import KanbanBoard
 from core.settings import Settings
-from store import PoolStore, lineage, queries
-from store.models import LIVE_STATES, TERMINAL_STATES, RowState
+from store import PoolStore, numbers
+from store.models import LIVE_STATES, TERMINAL_STATES
 from tasks import liveness
 
 
@@ -38,25 +39,20 @@ def snapshot(
     redis_error: str = "",
 ) -> dict[str, Any]:
     with store.session(readonly=True) as s:
-        counts = queries.counts_by_state(s)
-        free = queries.free_ordinals(s, store.pool_size)
-        oldest = queries.oldest_in_state(s, RowState.LEASE_FAILED)
-        quarantined = queries.quarantined_count(s)
-        held_by_quarantined = queries.quarantined_ordinals(s)
-        live_children = lineage.live_count(s)
-        events = queries.audit_events_written(s)
+        found = numbers.read(s, store.pool_size)
     board_counts = kanban.counts_by_status()
     plane = liveness.read(client, settings, now, error=redis_error)
+    oldest = found.oldest_lease_failed_at
     return {
-        "rows": counts,
-        "pool_size": store.pool_size,
-        "free_ordinals": free,
+        "rows": found.rows,
+        "pool_size": found.pool_size,
+        "free_ordinals": found.free_ordinals,
         "oldest_lease_failed_seconds": None if oldest is None else round(now - oldest, 1),
-        "quarantined": quarantined,
-        "held_by_quarantined": held_by_quarantined,
-        "ordinals": queries.ordinal_counts(free, held_by_quarantined, store.pool_size),
-        "live_children": live_children,
-        "audit_events": events,
+        "quarantined": found.quarantined,
+        "held_by_quarantined": found.held_by_quarantined,
+        "ordinals": found.ordinals,
+        "live_children": found.live_children,
+        "audit_events": found.audit_events,
         "board": board_counts,
         **plane.as_json(now),
     }

@@ -111,9 +111,10 @@ class PoolStore:
             raise
 
     def heartbeat(
-        self, envelope: Mapping[str, Any], *, now: float | None = None
+        self, envelope: Envelope | Mapping[str, Any], *, now: float | None = None
     ) -> Literal["applied", "duplicate"]:
-        env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=False)
+        """``envelope``: a mapping the store checks, or an ``Envelope`` already checked (the server's)."""
+        env = self._envelope(envelope)
         with self.connection() as conn:
             return worker.heartbeat(conn, env, lease_seconds=self.lease_seconds, now=_now(now))
 
@@ -125,12 +126,17 @@ class PoolStore:
             return worker.accept_result(conn, env, now=_now(now))
 
     def release(
-        self, envelope: Mapping[str, Any], *, now: float | None = None
+        self, envelope: Envelope | Mapping[str, Any], *, now: float | None = None
     ) -> Literal["reoffered", "lease_failed", "duplicate"]:
         """The holder hands its run back; the envelope is a heartbeat's (see ``store.worker.release``)."""
-        env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=False)
+        env = self._envelope(envelope)
         with self.connection() as conn:
             return worker.release(conn, env, max_attempts=self.max_attempts, now=_now(now))
+
+    def _envelope(self, given: Envelope | Mapping[str, Any]) -> Envelope:
+        if isinstance(given, Envelope):
+            return given
+        return Envelope.parse(given, pool_size=self.pool_size, with_result=False)
 
     # --- child executions (docs/design.md, "Lineage"); the HTTP /v1/children endpoints wrap these ---
 

@@ -79,7 +79,7 @@ from kombu.entity import Queue  # noqa: E402
 import beat_schedule  # noqa: E402
 from core.retry import RetryPolicy  # noqa: E402
 from store import PoolStore  # noqa: E402
-from tasks import failures, metrics, registry, runner, scan  # noqa: E402
+from tasks import collectors, failures, metrics, registry, runner, scan  # noqa: E402
 from tasks import plane as planes  # noqa: E402
 
 log = logging.getLogger("poolkeeper.maintenance")
@@ -193,7 +193,7 @@ def _worker_start(sender: Any = None, **_: Any) -> None:
     if SETTINGS.metrics_port:
         host, port = SETTINGS.http_host, SETTINGS.metrics_port
         try:
-            metrics.start_exporter(port, host, PoolStore.from_settings(SETTINGS), SETTINGS)
+            collectors.start_exporter(port, host, PoolStore.from_settings(SETTINGS), SETTINGS)
         except OSError as err:
             _refuse(f"POOL_METRICS_PORT: cannot serve metrics on {host}:{port}: {err}", 2)
 

@@ -1,14 +1,8 @@
 """The one failure path: classify an error, record it on its own row, report it once.
 
-Every pass and the runner go through here (docs/design.md, "Error classes"):
-
-| class       | what happens                                                            |
-| ----------- | ----------------------------------------------------------------------- |
-| transient   | nothing changes; the caller retries the key with backoff                |
-| lost race   | another writer did it: skipped silently                                 |
-| protocol    | nothing changes on the board; deferred (reconcile fixes it), reported   |
-| capability  | parked by the pass that can park the run (materialize); else as "other" |
-| other       | recorded on that row only (backoff, then quarantine); the rest go on    |
+Every pass and the runner go through here; what each class of error makes a pass do
+(transient, lost race, protocol, capability, other) is docs/design.md section 6,
+"Error classes", with the table of the classes.
 
 Reports are logged once per distinct (pass, key, detail), with bounded
 memory, and forgotten when the key succeeds, so a recurrence is seen again.

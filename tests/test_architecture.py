@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp
 import pytest
 
 import beat_schedule
@@ -24,7 +25,7 @@ BELOW_THE_APPS = ("core", "store", "board", "tasks")
 
 def imported_roots(path: Path) -> set[str]:
     """Top-level names a file imports (absolute imports only: the project uses no others)."""
-    roots = set()
+    roots: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             roots.update(alias.name.split(".")[0] for alias in node.names)
@@ -42,6 +43,61 @@ def test_the_layers_contract_holds() -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Each set of modules importing one another round a circle (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            module, targets = work[-1]
+            for target in targets:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    work.append((target, iter(sorted(graph.find_modules_directly_imported_by(target)))))
+                    break
+                if target in stack:
+                    low[module] = min(low[module], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[module])
+                if low[module] == index[module]:
+                    members = []
+                    while (member := stack.pop()) != module:
+                        members.append(member)
+                    if members:
+                        cycles.append(sorted([module, *members]))
+    return cycles
+
+
+def test_no_module_imports_round_a_circle() -> None:
+    """No cycle among the project's modules, counting imports inside functions and under TYPE_CHECKING.
+
+    The layers contract sees only arrows between floors; a circle inside one (``tasks.metrics`` ->
+    ``tasks.liveness`` -> ``tasks.registry`` -> a pass -> ``tasks.metrics``) hides behind a
+    function-level import, which is still an arrow (STYLE.md 19).
+    """
+    graph = grimp.build_graph(*BELOW_THE_APPS, "poolkeeper", cache_dir=None)
+    # grimp reads every import statement, a function's too: this one is inside serve.run
+    assert "poolkeeper.server.app" in graph.find_modules_directly_imported_by("poolkeeper.server.serve")
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    graph = grimp.ImportGraph()
+    for a, b in (("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d"), ("p.d", "p.d2")):
+        graph.add_import(importer=a, imported=b)
+    assert import_cycles(graph) == [["p.a", "p.b", "p.c"]]
 
 
 def test_the_schedule_stands_on_the_ground_only() -> None:

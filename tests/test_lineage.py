@@ -25,7 +25,7 @@ from core.errors import (
 )
 from store import Child, Offer, PoolStore, lineage, transitions
 from store.models import RowState
-from tasks.metrics import StoreCollector
+from tasks.collectors import StoreCollector
 from tests.factories import NOW, envelope, given_running, grant, row_state
 
 DONE = {"status": "done"}

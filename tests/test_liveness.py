@@ -6,7 +6,7 @@ import fakeredis
 import redis
 
 from core.settings import Settings
-from tasks import liveness, metrics, registry, scan
+from tasks import collectors, liveness, registry, scan
 from tasks.plane import LocalCoordination, Plane, RedisCoordination
 from tests.factories import NOW
 
@@ -49,14 +49,14 @@ def test_an_unreachable_redis_is_unknown_with_the_reason_never_an_error() -> Non
     assert (health.queue_depth, health.beat_alive) == (None, None)
     assert health.error and "redis at" in health.error
     assert all(p.late is None and p.last is None for p in health.scans)
-    names = [m.name for m in metrics.PlaneCollector(SETTINGS, away).collect()]
+    names = [m.name for m in collectors.PlaneCollector(SETTINGS, away).collect()]
     assert names == ["poolkeeper_redis_up"]
 
 
 def test_metrics_show_each_scan_and_the_depth() -> None:
     client = fakeredis.FakeRedis()
     RedisCoordination(client, SETTINGS).record_scan("expire", NOW)
-    found = {m.name: m for m in metrics.PlaneCollector(SETTINGS, client).collect()}
+    found = {m.name: m for m in collectors.PlaneCollector(SETTINGS, client).collect()}
     scans = found["poolkeeper_last_scan_timestamp_seconds"].samples
     assert [(s.labels, s.value) for s in scans] == [({"pass_name": "expire"}, NOW)]
     assert found["poolkeeper_queue_depth"].samples[0].value == 0

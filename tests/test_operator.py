@@ -14,8 +14,8 @@ from core.errors import InvalidInput, LineageLive, NotFound, StaleHolder, Transi
 from poolkeeper import operator
 from store import Child, Offer, PoolStore, audit, queries, transitions
 from store.models import RowState
+from tasks.collectors import StoreCollector
 from tasks.maintain import maintain_once
-from tasks.metrics import StoreCollector
 from tasks.plane import Plane
 from tests.factories import NOW, OWNER, envelope, grant, row_state
 

@@ -15,18 +15,18 @@ the browser is sent back to the page it acted on (POST, redirect, GET). Bad
 input or a refusal is one page with one sentence, never a traceback.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: FastAPI reads the routes' annotations at run time.
 import logging
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qsl, quote
 
 import redis
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import SQLAlchemyError
@@ -34,7 +34,7 @@ from starlette.concurrency import run_in_threadpool
 
 from board import KanbanBoard
 from core import validate
-from core.errors import InvalidInput, NotFound, PoolError, ProtocolError, TransientError
+from core.errors import InvalidInput, PoolError, ProtocolError
 from core.settings import Settings
 from poolkeeper.server import console_views as views
 from poolkeeper.server.console_auth import CSRF_FIELD, ConsoleAuth
@@ -77,193 +77,269 @@ class Refused(Exception):
         self.status = status
 
 
-def install(app: FastAPI, settings: Settings, store: PoolStore) -> None:
-    """Mount the console on ``app``: its routes under ``/ui``, its assets under ``/ui/static``."""
-    static = resources.files("poolkeeper.server") / "static"
-    app.mount("/ui/static", StaticFiles(directory=str(static)), name="console-static")
-    app.include_router(router(settings, store))
+class Answer(Exception):
+    """A dependency's answer in place of the route's: sign in first, or bad input (``install`` sends it)."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
 
 
-def router(settings: Settings, store: PoolStore) -> APIRouter:
-    ui = APIRouter(prefix="/ui", include_in_schema=False)
-    auth = ConsoleAuth(settings.server_secret)
-    kanban = KanbanBoard(settings.board_url)
-    client, redis_problem = redis_reader(settings)
-    pages = views.Pages(settings, store, kanban, client, redis_problem)
+@dataclass(frozen=True)
+class Console:
+    """What every console request shares, on ``app.state.console``: the session checks and the pages."""
 
-    def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    auth: ConsoleAuth
+    pages: views.Pages
+
+
+class Screen:
+    """One request's view of the console: renders its pages, fragments (``/ui/live/...``) and refusals."""
+
+    def __init__(self, request: Request, console: Console) -> None:
+        self.request, self.auth, self.pages = request, console.auth, console.pages
+        self.fragment = request.url.path.startswith("/ui/live/")  # htmx keeps the last good one
+
+    def render(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         context.update(
-            request=request,
-            csrf=auth.csrf(request),
+            request=self.request,
+            csrf=self.auth.csrf(self.request),
             csrf_field=CSRF_FIELD,
-            signed_in=not auth.local_only,
+            signed_in=not self.auth.local_only,
             poll=POLL_SECONDS,
         )
         return HTMLResponse(views.render(template, **context), status, headers=HEADERS)
 
-    def failure(request: Request, status: int, message: str, fragment: bool = False) -> HTMLResponse:
-        template = "_message.html" if fragment else "message.html"
+    def failure(self, status: int, message: str) -> HTMLResponse:
+        template = "_message.html" if self.fragment else "message.html"
         title = "Not found" if status == 404 else "Refused" if status < 500 else "Error"
-        return render(request, template, status, title=title, message=message)
+        return self.render(template, status, title=title, message=message)
 
-    def page(
-        request: Request, template: str, build: Callable[[], dict[str, Any]], fragment: bool = False
-    ) -> Response:
-        """A guarded GET: sign in first; the store's refusals become one sentence, never a traceback."""
-        if (why := _input_refusal(request)) is not None:
-            return failure(request, 422, why, fragment)
-        if not auth.signed_in(request):
-            if fragment:  # htmx keeps the last good fragment; console.js says why
-                return failure(request, 401, "signed out: sign in again", fragment=True)
-            target = quote(request.url.path + ("?" + request.url.query if request.url.query else ""))
-            return RedirectResponse(f"/ui/login?next={target}", 303, headers=HEADERS)
+    def page(self, template: str, build: Callable[[], dict[str, Any]]) -> Response:
+        """A page whose refusals (the store's, ``Refused``) become one sentence, never a traceback."""
         try:
-            return render(request, template, **build())
+            return self.render(template, **build())
         except Refused as err:
-            return failure(request, err.status, str(err), fragment)
+            return self.failure(err.status, str(err))
         except (PoolError, SQLAlchemyError, redis.RedisError) as err:
-            status, message = _classify(err)
-            return failure(request, status, message, fragment)
+            return self.failure(*_classify(err))
 
-    @ui.get("", response_class=HTMLResponse)
-    def overview(request: Request) -> Response:
-        return page(request, "overview.html", lambda: pages.overview(time.time()))
-
-    @ui.get("/live/overview", response_class=HTMLResponse)
-    def overview_live(request: Request) -> Response:
-        return page(request, "_overview.html", lambda: pages.overview(time.time()), fragment=True)
-
-    @ui.get("/rows", response_class=HTMLResponse)
-    def rows(request: Request, state: str = "", quarantined: str = "") -> Response:
-        return page(request, "rows.html", lambda: pages.rows(state, quarantined == "1", time.time()))
-
-    @ui.get("/rows/{row}", response_class=HTMLResponse)
-    def row(request: Request, row: str, done: str = "") -> Response:
-        notice = DONE.get(done)
-        return page(request, "row.html", lambda: {**pages.row(_row_id(row), time.time()), "notice": notice})
-
-    @ui.get("/live/rows/{row}", response_class=HTMLResponse)
-    def row_live(request: Request, row: str) -> Response:
-        return page(request, "_row.html", lambda: pages.row(_row_id(row), time.time()), fragment=True)
-
-    @ui.get("/board", response_class=HTMLResponse)
-    def board(request: Request, board: str = "", done: str = "") -> Response:
-        notice = DONE.get(done)
-        return page(request, "board.html", lambda: {**pages.board(board, time.time()), "notice": notice})
-
-    @ui.get("/live/board", response_class=HTMLResponse)
-    def board_live(request: Request, board: str = "") -> Response:
-        return page(request, "_board.html", lambda: pages.board(board, time.time()), fragment=True)
-
-    # --- signing in ------------------------------------------------------------------
-
-    @ui.get("/login", response_class=HTMLResponse)
-    def login_form(request: Request, next: str = "/ui") -> Response:
-        if (why := _input_refusal(request)) is not None:
-            return failure(request, 422, why)
-        return render(request, "login.html", next=_safe_next(next), message=None, local_only=auth.local_only)
-
-    @ui.post("/login", response_class=HTMLResponse)
-    async def login(request: Request) -> Response:
-        form = await _form(request)
-        if (why := _input_refusal(request, form)) is not None:
-            return failure(request, 422, why)
-        target = _safe_next(form.get("next", "/ui"))
-        why = None if auth.local_only else auth.check_token(form.get("token", ""))
-        if why is not None:
-            log.warning("console: sign-in refused from %s: %s", _client(request), why)
-            context = {"next": target, "message": f"Refused: {why}.", "local_only": False}
-            return render(request, "login.html", 401, **context)
-        response = RedirectResponse(target, 303, headers=HEADERS)
-        if not auth.local_only:
-            auth.start_session(request, response)
-        return response
-
-    @ui.post("/logout")
-    async def logout(request: Request) -> Response:
-        form = await _form(request)
-        # a checked form, like any other, so no other site signs the operator out; signed out, nothing to end
-        if auth.signed_in(request) and (refused := _refused_form(request, form)) is not None:
-            return refused
-        response = RedirectResponse("/ui/login", 303, headers=HEADERS)
-        auth.end_session(response)
-        return response
-
-    # --- actions: a confirmation, then a checked POST ------------------------------------
-
-    @ui.get("/rows/{row}/{action}", response_class=HTMLResponse)
-    def confirm_row(request: Request, row: str, action: str) -> Response:
-        def build() -> dict[str, Any]:
-            if action not in ROW_ACTIONS:
-                raise Refused(404, f"no action {action!r} on a row; one of {', '.join(ROW_ACTIONS)}")
-            return {**pages.row(_row_id(row), time.time()), "action": action}
-
-        return page(request, "confirm_row.html", build)
-
-    @ui.post("/rows/{row}/{action}", response_class=HTMLResponse)
-    async def act_on_row(request: Request, row: str, action: str) -> Response:
-        form = await _form(request)
-
-        def act() -> str:
-            row_id = _row_id(row)
-            if action not in ROW_ACTIONS:
-                raise Refused(404, f"no action {action!r} on a row")
-            pages.act_on_row(action, row_id, form.get("reason", ""), time.time())
-            log.warning("console: %s row %d by the operator from %s", action, row_id, _client(request))
-            return f"/ui/rows/{row_id}?done={action}"
-
-        return await _acting(request, form, act)
-
-    @ui.get("/board/{board}/tasks/{task}/{action}", response_class=HTMLResponse)
-    def confirm_task(request: Request, board: str, task: str, action: str) -> Response:
-        def build() -> dict[str, Any]:
-            if action not in TASK_ACTIONS:
-                raise Refused(404, f"no action {action!r} on a task; one of {', '.join(TASK_ACTIONS)}")
-            return {**pages.task(board, task), "action": action}
-
-        return page(request, "confirm_task.html", build)
-
-    @ui.post("/board/{board}/tasks/{task}/{action}", response_class=HTMLResponse)
-    async def act_on_task(request: Request, board: str, task: str, action: str) -> Response:
-        form = await _form(request)
-
-        def act() -> str:
-            if action not in TASK_ACTIONS:
-                raise Refused(404, f"no action {action!r} on a task")
-            pages.act_on_task(action, board, task, time.time())
-            log.warning("console: %s %s/%s by the operator from %s", action, board, task, _client(request))
-            return f"/ui/board?board={quote(board)}&done={action}"
-
-        return await _acting(request, form, act)
-
-    @ui.get("/{anything:path}", response_class=HTMLResponse)
-    def unknown(request: Request, anything: str) -> Response:
-        return page(request, "message.html", lambda: _no_page(anything))
-
-    def _refused_form(request: Request, form: dict[str, str]) -> Response | None:
-        """The refusal page of a POST that may not act (bad input, ``console_auth.form_refusal``), or None."""
-        if (why := _input_refusal(request, form)) is not None:
-            return failure(request, 422, f"{why} Nothing was changed.")
-        refusal = auth.form_refusal(request, form)
-        if refusal is None:
-            return None
-        status, why = refusal
-        log.warning("console: action refused from %s: %s", _client(request), why)
-        return failure(request, status, f"{why[0].upper()}{why[1:]}. Nothing was changed.")
-
-    async def _acting(request: Request, form: dict[str, str], act: Callable[[], str]) -> Response:
-        if (refused := _refused_form(request, form)) is not None:
-            return refused
+    async def act(self, act: Callable[[], str]) -> Response:
+        """Run a checked form's action in the thread pool; then back to the page it acted on."""
         try:
             target = await run_in_threadpool(act)
         except Refused as err:
-            return failure(request, err.status, str(err))
+            return self.failure(err.status, str(err))
         except (PoolError, SQLAlchemyError, redis.RedisError) as err:
-            status, message = _classify(err)
-            return failure(request, status, message)
+            return self.failure(*_classify(err))
         return RedirectResponse(target, 303, headers=HEADERS)
 
-    return ui
+    def refused_form(self, form: dict[str, str]) -> Response | None:
+        """The refusal page of a POST that may not act (bad input, ``console_auth.form_refusal``), or None."""
+        if (why := _input_refusal(self.request, form)) is not None:
+            return self.failure(422, f"{why} Nothing was changed.")
+        refusal = self.auth.form_refusal(self.request, form)
+        if refusal is None:
+            return None
+        status, why = refusal
+        log.warning("console: action refused from %s: %s", _client(self.request), why)
+        return self.failure(status, f"{why[0].upper()}{why[1:]}. Nothing was changed.")
+
+
+async def _screen(request: Request) -> Screen:
+    return Screen(request, request.app.state.console)
+
+
+AnyScreen = Annotated[Screen, Depends(_screen)]
+
+
+async def _visitor(screen: AnyScreen) -> Screen:
+    """Anyone, signed in or not, whose address holds nothing a console page refuses."""
+    if (why := _input_refusal(screen.request)) is not None:
+        raise Answer(screen.failure(422, why))
+    return screen
+
+
+Visitor = Annotated[Screen, Depends(_visitor)]
+
+
+async def _signed_in(screen: Visitor) -> Screen:
+    """The operator, signed in (or a --local-only server); else to the sign-in form and back."""
+    request = screen.request
+    if not screen.auth.signed_in(request):
+        if screen.fragment:  # htmx keeps the last good fragment; console.js says why
+            raise Answer(screen.failure(401, "signed out: sign in again"))
+        target = quote(request.url.path + ("?" + request.url.query if request.url.query else ""))
+        raise Answer(RedirectResponse(f"/ui/login?next={target}", 303, headers=HEADERS))
+    return screen
+
+
+SignedIn = Annotated[Screen, Depends(_signed_in)]
+
+
+async def _posted(request: Request) -> dict[str, str]:
+    return await _form(request)
+
+
+Form = Annotated[dict[str, str], Depends(_posted)]
+
+
+async def _checked(screen: AnyScreen, form: Form) -> dict[str, str]:
+    """A form that may act: a live session, its check value, this site's ``Origin`` (else one page)."""
+    if (refused := screen.refused_form(form)) is not None:
+        raise Answer(refused)
+    return form
+
+
+CheckedForm = Annotated[dict[str, str], Depends(_checked)]
+ui = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+def install(app: FastAPI, settings: Settings, store: PoolStore) -> None:
+    """Mount the console on ``app``: its routes under ``/ui``, its assets under ``/ui/static``."""
+    client, redis_problem = redis_reader(settings)
+    pages = views.Pages(settings, store, KanbanBoard(settings.board_url), client, redis_problem)
+    app.state.console = Console(ConsoleAuth(settings.server_secret), pages)
+    static = resources.files("poolkeeper.server") / "static"
+    app.mount("/ui/static", StaticFiles(directory=str(static)), name="console-static")
+    app.include_router(ui)
+    app.add_exception_handler(Answer, _answer)
+
+
+def _answer(_: Request, err: Exception) -> Response:
+    assert isinstance(err, Answer)
+    return err.response
+
+
+@ui.get("", response_class=HTMLResponse)
+def overview(screen: SignedIn) -> Response:
+    return screen.page("overview.html", lambda: screen.pages.overview(time.time()))
+
+
+@ui.get("/live/overview", response_class=HTMLResponse)
+def overview_live(screen: SignedIn) -> Response:
+    return screen.page("_overview.html", lambda: screen.pages.overview(time.time()))
+
+
+@ui.get("/rows", response_class=HTMLResponse)
+def rows(screen: SignedIn, state: str = "", quarantined: str = "") -> Response:
+    return screen.page("rows.html", lambda: screen.pages.rows(state, quarantined == "1", time.time()))
+
+
+@ui.get("/rows/{row}", response_class=HTMLResponse)
+def row(screen: SignedIn, row: str, done: str = "") -> Response:
+    notice = DONE.get(done)
+    return screen.page("row.html", lambda: {**screen.pages.row(_row_id(row), time.time()), "notice": notice})
+
+
+@ui.get("/live/rows/{row}", response_class=HTMLResponse)
+def row_live(screen: SignedIn, row: str) -> Response:
+    return screen.page("_row.html", lambda: screen.pages.row(_row_id(row), time.time()))
+
+
+@ui.get("/board", response_class=HTMLResponse)
+def board(screen: SignedIn, board: str = "", done: str = "") -> Response:
+    notice = DONE.get(done)
+    return screen.page("board.html", lambda: {**screen.pages.board(board, time.time()), "notice": notice})
+
+
+@ui.get("/live/board", response_class=HTMLResponse)
+def board_live(screen: SignedIn, board: str = "") -> Response:
+    return screen.page("_board.html", lambda: screen.pages.board(board, time.time()))
+
+
+# --- signing in ------------------------------------------------------------------
+
+
+@ui.get("/login", response_class=HTMLResponse)
+def login_form(screen: Visitor, next: str = "/ui") -> Response:
+    local_only = screen.auth.local_only
+    return screen.render("login.html", next=_safe_next(next), message=None, local_only=local_only)
+
+
+@ui.post("/login", response_class=HTMLResponse)
+async def login(screen: AnyScreen, form: Form) -> Response:
+    request = screen.request
+    if (why := _input_refusal(request, form)) is not None:
+        return screen.failure(422, why)
+    target = _safe_next(form.get("next", "/ui"))
+    auth = screen.auth
+    why = None if auth.local_only else auth.check_token(form.get("token", ""))
+    if why is not None:
+        log.warning("console: sign-in refused from %s: %s", _client(request), why)
+        context = {"next": target, "message": f"Refused: {why}.", "local_only": False}
+        return screen.render("login.html", 401, **context)
+    response = RedirectResponse(target, 303, headers=HEADERS)
+    if not auth.local_only:
+        auth.start_session(request, response)
+    return response
+
+
+@ui.post("/logout")
+async def logout(screen: AnyScreen, form: Form) -> Response:
+    # a checked form, like any other, so no other site signs the operator out; signed out, nothing to end
+    if screen.auth.signed_in(screen.request) and (refused := screen.refused_form(form)) is not None:
+        return refused
+    response = RedirectResponse("/ui/login", 303, headers=HEADERS)
+    screen.auth.end_session(response)
+    return response
+
+
+# --- actions: a confirmation, then a checked POST ------------------------------------
+
+
+@ui.get("/rows/{row}/{action}", response_class=HTMLResponse)
+def confirm_row(screen: SignedIn, row: str, action: str) -> Response:
+    def build() -> dict[str, Any]:
+        if action not in ROW_ACTIONS:
+            raise Refused(404, f"no action {action!r} on a row; one of {', '.join(ROW_ACTIONS)}")
+        return {**screen.pages.row(_row_id(row), time.time()), "action": action}
+
+    return screen.page("confirm_row.html", build)
+
+
+@ui.post("/rows/{row}/{action}", response_class=HTMLResponse)
+async def act_on_row(screen: AnyScreen, row: str, action: str, form: CheckedForm) -> Response:
+    request = screen.request
+
+    def act() -> str:
+        row_id = _row_id(row)
+        if action not in ROW_ACTIONS:
+            raise Refused(404, f"no action {action!r} on a row")
+        screen.pages.act_on_row(action, row_id, form.get("reason", ""), time.time())
+        log.warning("console: %s row %d by the operator from %s", action, row_id, _client(request))
+        return f"/ui/rows/{row_id}?done={action}"
+
+    return await screen.act(act)
+
+
+@ui.get("/board/{board}/tasks/{task}/{action}", response_class=HTMLResponse)
+def confirm_task(screen: SignedIn, board: str, task: str, action: str) -> Response:
+    def build() -> dict[str, Any]:
+        if action not in TASK_ACTIONS:
+            raise Refused(404, f"no action {action!r} on a task; one of {', '.join(TASK_ACTIONS)}")
+        return {**screen.pages.task(board, task), "action": action}
+
+    return screen.page("confirm_task.html", build)
+
+
+@ui.post("/board/{board}/tasks/{task}/{action}", response_class=HTMLResponse)
+async def act_on_task(screen: AnyScreen, board: str, task: str, action: str, form: CheckedForm) -> Response:
+    request = screen.request
+
+    def act() -> str:
+        if action not in TASK_ACTIONS:
+            raise Refused(404, f"no action {action!r} on a task")
+        screen.pages.act_on_task(action, board, task, time.time())
+        log.warning("console: %s %s/%s by the operator from %s", action, board, task, _client(request))
+        return f"/ui/board?board={quote(board)}&done={action}"
+
+    return await screen.act(act)
+
+
+@ui.get("/{anything:path}", response_class=HTMLResponse)
+def unknown(screen: SignedIn, anything: str) -> Response:
+    return screen.page("message.html", lambda: _no_page(anything))
 
 
 def _no_page(path: str) -> dict[str, Any]:
@@ -317,23 +393,15 @@ def _client(request: Request) -> str:
 
 
 def _classify(err: Exception) -> tuple[int, str]:
-    if isinstance(err, InvalidInput):
-        return 422, f"Refused: {err}. Nothing was changed."
-    if isinstance(err, NotFound):
-        return 404, f"Not found: {err}."
-    if isinstance(err, ProtocolError):
-        return 409, f"Refused: {err}. Nothing was changed."
-    if isinstance(err, TransientError | redis.RedisError):
-        return 503, f"Busy or unreachable: {err}. Try again."
+    """The status (the one the error's class carries) and the sentence of a refused page or action."""
     if isinstance(err, SQLAlchemyError):
         log.error("console: unclassified database error", exc_info=err)
         return 503, "The pool store failed (the server logged it). Try again."
-    return 409, f"Refused: {err}."
-
-
-def plane_gauges(settings: Settings) -> Any:
-    """Serve's /metrics collector for each pass's last scan and the queue depth (``tasks.metrics``)."""
-    from tasks.metrics import PlaneCollector
-
-    client, _ = redis_reader(settings)
-    return PlaneCollector(settings, client)
+    status = err.http_status if isinstance(err, PoolError) else 503  # else: Redis did not answer
+    if status == 503:
+        return 503, f"Busy or unreachable: {err}. Try again."
+    if status == 404:
+        return 404, f"Not found: {err}."
+    # a refusal of the request itself (bad input, a stale or conflicting state) is checked before any write
+    unchanged = " Nothing was changed." if isinstance(err, InvalidInput | ProtocolError) else ""
+    return status, f"Refused: {err}.{unchanged}"

@@ -1,18 +1,12 @@
-"""Every refusal as JSON ``{"error": <class>, "detail": ...}``, its status chosen by class.
+"""Every refusal as JSON ``{"error": <class>, "detail": ...}``.
 
-| class                                   | status |
-| --------------------------------------- | ------ |
-| request body or field invalid           | 422    |
-| ``InvalidInput``                        | 422    |
-| ``NotFound`` (unknown row, board, run)  | 404    |
-| ``ProtocolError`` (stale holder, conflicting delivery, lost race) and other refusals | 409 |
-| ``TransientError`` (store busy, unreachable) | 503 with ``Retry-After`` |
-| a database error the store did not classify | 503 with ``Retry-After`` (logged: a bug or a broken store) |
-| ``Unauthenticated`` / ``Forbidden``     | 401 / 403 |
-| body too large / too slow (``limits``)  | 413 / 408 |
-
-Anything else is a bug: logged by the server, answered 500 with no detail. The
-tests drive every route with generated input (schemathesis) and see no 5xx but 503.
+A project error answers with the status its class carries (``http_status``, the
+table in docs/design.md section 6): a 503 adds ``Retry-After``, a 401
+``WWW-Authenticate: Bearer``. Request validation is 422, a database error the
+store did not classify 503 (logged: a bug or a broken store), and a body too
+large or too slow 413 / 408 (``limits``). Anything else is a bug: logged by the
+server, answered 500 with no detail. The tests drive every route with generated
+input (schemathesis) and see no 5xx but 503.
 """
 
 from __future__ import annotations
@@ -26,18 +20,10 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 
-from core.errors import InvalidInput, NotFound, PoolError, TransientError
+from core.errors import PoolError
 
 log = logging.getLogger("poolkeeper.server")
 RETRY_AFTER_SECONDS = 1
-
-
-class Unauthenticated(Exception):
-    """No bearer token, or one this server did not issue."""
-
-
-class Forbidden(Exception):
-    """A valid token acting beyond its ordinal (or a worker token on an operator action)."""
 
 
 def error_response(
@@ -51,14 +37,12 @@ def _busy(error: str, detail: str) -> JSONResponse:
 
 
 def pool_error(_: Request, err: Exception) -> JSONResponse:
-    name = type(err).__name__
-    if isinstance(err, InvalidInput):
-        return error_response(422, name, str(err))
-    if isinstance(err, NotFound):
-        return error_response(404, name, str(err))
-    if isinstance(err, TransientError):
+    assert isinstance(err, PoolError)
+    status, name = err.http_status, type(err).__name__
+    if status == 503:
         return _busy(name, str(err))
-    return error_response(409, name, str(err))  # ProtocolError and any other refusal of the store
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return error_response(status, name, str(err), headers)
 
 
 def database_error(request: Request, err: Exception) -> JSONResponse:
@@ -77,14 +61,6 @@ def validation_error(_: Request, err: Exception) -> JSONResponse:
         for e in err.errors()
     ]  # never the offending input itself: it may be large, and is the client's anyway
     return error_response(422, "ValidationError", issues)
-
-
-def unauthenticated(_: Request, err: Exception) -> JSONResponse:
-    return error_response(401, "Unauthenticated", str(err), {"WWW-Authenticate": "Bearer"})
-
-
-def forbidden(_: Request, err: Exception) -> JSONResponse:
-    return error_response(403, "Forbidden", str(err))
 
 
 def http_error(_: Request, err: Exception) -> JSONResponse:
@@ -108,7 +84,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(PoolError, pool_error)
     app.add_exception_handler(SQLAlchemyError, database_error)
     app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(Unauthenticated, unauthenticated)
-    app.add_exception_handler(Forbidden, forbidden)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)

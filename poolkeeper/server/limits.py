@@ -14,14 +14,13 @@ its own name to 127.0.0.1 (DNS rebinding) cannot drive the API or the console.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import time
 from typing import Any
 
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from poolkeeper.server.serve import is_loopback
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -131,6 +130,16 @@ class LoopbackHost:
             await reply(send, 403, "NotLoopback", detail)
             return
         await self.app(scope, receive, send)
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.1 (any of 127/8), ::1 (bracketed or not) or localhost."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def host_name(host: str) -> str:

@@ -1,31 +1,44 @@
 """The wire protocol's request and response bodies (docs/design.md, "Wire protocol").
 
 Strict pydantic models: no coercion ("1" is not 1), no unknown fields, bounds
-that keep every value inside what the store's columns hold. They give the
-OpenAPI 3.1 schema and the 422s; the store still checks every envelope itself
-(``store.Envelope.parse``), so the HTTP layer adds no rule of its own.
+that keep every value inside what the store's columns hold, taken from
+``core.validate`` and the store (never copied). They give the OpenAPI 3.1 schema
+and the 422s. ``Grant`` is ``store.Offer``'s fields, derived from the dataclass,
+plus the child token.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from store import Offer
+from core import validate
+from store import Envelope as StoreEnvelope
+from store import Offer, lineage, models
 
-INT32 = 2**31 - 1
-INT64 = 2**63 - 1
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"  # core.validate.NAME_RE
-DIGEST_PATTERN = r"^[0-9a-f]{64}$"
+INT32 = validate.INT32_MAX
+INT64 = validate.INT64_MAX
+
+
+def _whole(pattern: re.Pattern[str]) -> str:
+    """A pattern the store matches in full (``fullmatch``), anchored for JSON Schema."""
+    return f"^{pattern.pattern}$"
+
+
+NAME_PATTERN = _whole(validate.NAME_RE)
+DIGEST_PATTERN = _whole(validate.DIGEST_RE)
 
 
 def _name(max_length: int, description: str) -> Any:
     return Field(min_length=1, max_length=max_length, pattern=NAME_PATTERN, description=description)
 
 
-Ordinal = Annotated[int, Field(ge=0, le=99_999, description="A worker slot, 0..POOL_SIZE-1.")]
+Ordinal = Annotated[
+    int, Field(ge=0, le=validate.MAX_POOL_SIZE - 1, description="A worker slot, 0..POOL_SIZE-1.")
+]
 
 
 class Strict(BaseModel):
@@ -49,6 +62,20 @@ class Envelope(Strict):
     fence: int = Field(ge=1, le=INT64)
     payload_digest: str = Field(pattern=DIGEST_PATTERN, description="The grant's payload_digest.")
 
+    def checked(self, pool_size: int) -> StoreEnvelope:
+        """The store's envelope, from the fields as validated here; the pool's size is the one bound
+        a model cannot know (``tests/test_wire.py`` holds the two classes to the same fields)."""
+        return StoreEnvelope(
+            delivery_id=self.delivery_id,
+            board=self.board,
+            task_id=self.task_id,
+            run_id=self.run_id,
+            worker_ordinal=validate.ordinal("worker_ordinal", self.worker_ordinal, pool_size),
+            attempt=self.attempt,
+            fence=self.fence,
+            payload_digest=self.payload_digest,
+        )
+
 
 class DoneResult(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
@@ -70,8 +97,8 @@ class ResultEnvelope(Envelope):
 
 # --- child executions (docs/design.md, "Lineage") ---------------------------------------------
 
-CHILD_ID_PATTERN = r"^run:[1-9][0-9]{0,9}(/child:[0-9a-f]{12})+$"  # store.lineage.CHILD_ID_RE
-CHILD_ID_CHARS = 1280  # store.models.CHILD_ID_LENGTH
+CHILD_ID_PATTERN = _whole(lineage.CHILD_ID_RE)
+CHILD_ID_CHARS = models.CHILD_ID_LENGTH
 
 
 ChildId = Annotated[str, Field(max_length=CHILD_ID_CHARS, pattern=CHILD_ID_PATTERN)]
@@ -137,21 +164,14 @@ class VanishedResponse(BaseModel):
     unknown: int = Field(description="How many children (it and its live descendants) turned unknown.")
 
 
-class Grant(BaseModel):
+# The grant's fields are the store's ``Offer``, once: a field added there is on the wire and in the schema.
+_OFFER: dict[str, Any] = {name: (hint, ...) for name, hint in get_type_hints(Offer).items()}
+_OfferFields: Any = create_model("OfferFields", **_OFFER)
+
+
+class Grant(_OfferFields):  # type: ignore[misc]
     """What ``offer`` hands the worker that holds an ordinal (docs/design.md, "Execution authority")."""
 
-    row_id: int
-    board: str
-    task_id: str
-    run_id: int
-    ordinal: int
-    owner: str
-    attempt: int
-    fence: int
-    lease_until: float
-    payload: dict[str, Any]
-    payload_digest: str
-    protocol_version: int
     child_token: str | None = Field(
         description="A bearer token for this grant's /v1/children calls only (its row and fence), for the"
         " command and its children instead of the ordinal's token; null on a --local-only server."

@@ -7,24 +7,15 @@ touches the store at start-up; ``/readyz`` tells when it is usable.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import socket
 import sys
 
 from core.errors import SettingsError
 from core.settings import Settings
+from poolkeeper.server.limits import is_loopback
 
 log = logging.getLogger("poolkeeper.server")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_auth(settings: Settings, host: str, local_only: bool) -> None:

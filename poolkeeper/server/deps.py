@@ -1,0 +1,133 @@
+"""What the routes share, as FastAPI dependencies over ``app.state`` (``app.create_app`` sets it).
+
+- ``Pool``: the ``PoolStore``; ``Write``: runs a store write under the app's write gate (on
+  SQLite this process's writers queue on a mutex, elsewhere it is nothing).
+- ``Caller``: who the bearer token says the request acts for (``tokens.LOCAL`` on a
+  ``--local-only`` server). It runs before the body is validated, so a request without a
+  token is 401 whatever it sends.
+- ``Operator``: the caller, if it may take operator actions (403 otherwise).
+- ``worker_of`` and ``holder_of``: "acts for this ordinal" and "acts for this grant's
+  children", which a route's body dependency calls with the fields its model names (403
+  before the store is called).
+
+These dependencies are ``async``: they wait on nothing, so they run on the event loop
+rather than taking a trip through the thread pool each. ``holder_of`` may read the store,
+so the body dependencies that call it are plain functions.
+"""
+
+# No ``from __future__ import annotations``: FastAPI reads these annotations at run time.
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Annotated, ParamSpec, TypeVar
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from core import validate
+from core.errors import Forbidden, InvalidInput, Unauthenticated
+from poolkeeper import tokens
+from poolkeeper.tokens import Principal
+from store import PoolStore, rows
+
+P = ParamSpec("P")
+T = TypeVar("T")
+bearer = HTTPBearer(
+    auto_error=False,
+    description="`poolctl token --ordinal N` (acts for ordinal N only), `poolctl token --operator`, or a"
+    " grant's `child_token` (its /v1/children calls only).",
+)
+
+
+async def pool(request: Request) -> PoolStore:
+    store: PoolStore = request.app.state.pool
+    return store
+
+
+class Writer:
+    """Runs a store write under the app's write gate: ``write(pool.heartbeat, envelope)``."""
+
+    def __init__(self, gate: AbstractContextManager[None]) -> None:
+        self.gate = gate
+
+    def __call__(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        with self.gate:
+            return call(*args, **kwargs)
+
+
+async def writing(request: Request) -> Writer:
+    writer: Writer = request.app.state.writer
+    return writer
+
+
+async def secret(request: Request) -> str | None:
+    found: str | None = request.app.state.secret
+    return found
+
+
+Pool = Annotated[PoolStore, Depends(pool)]
+Write = Annotated[Writer, Depends(writing)]
+Secret = Annotated[str | None, Depends(secret)]
+
+
+async def caller(
+    key: Secret, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> Principal:
+    if not key:
+        return tokens.LOCAL  # a --local-only server: the schema declares no security (app.create_app)
+    if creds is None:
+        raise Unauthenticated("an Authorization: Bearer token is required")
+    found = tokens.verify(key, creds.credentials)
+    if found is None:
+        raise Unauthenticated("the bearer token is not one this server issued")
+    return found
+
+
+Caller = Annotated[Principal, Depends(caller)]
+
+
+def not_a_child(who: Principal) -> None:
+    if who.grant is not None:
+        raise Forbidden(f"a child token (of {who}) acts only on /v1/children for that grant, nothing else")
+
+
+async def operator(who: Caller) -> Principal:
+    """The dependency of admin routes (the console checks the same token at sign-in)."""
+    not_a_child(who)
+    if not who.is_operator:
+        raise Forbidden(f"a token of {who} cannot take operator actions")
+    return who
+
+
+Operator = Annotated[Principal, Depends(operator)]
+
+
+def worker_of(ordinal: int, who: Principal) -> None:
+    """The caller acts for ``ordinal``: its worker's token (or anyone, local-only); never a child's."""
+    not_a_child(who)
+    if not who.acts_for(ordinal):
+        raise Forbidden(f"a token of {who} cannot act for ordinal {ordinal}")
+
+
+def holder_of(store: PoolStore, row_id: int, fence: int, field: str, who: Principal) -> None:
+    """A child call acts for its run's ordinal, or for the one grant a child token names.
+
+    A worker token's ordinal must hold the row: a row's ordinal never changes,
+    so reading it before the store call is enough. A child token must name the
+    request's row and fence (or epoch); the store then refuses it as stale once
+    that grant has ended, as it does the ordinal's token.
+    """
+    if who.anyone:
+        return
+    if who.is_operator:
+        raise Forbidden(f"a token of {who} cannot act for a worker's children")
+    if row_id > validate.INT32_MAX:
+        raise InvalidInput(field, f"names row {row_id}, past the largest row id")
+    if who.grant is not None:
+        if who.grant != (row_id, fence):
+            raise Forbidden(
+                f"a child token of {who} cannot act for the grant of row {row_id} under fence {fence}"
+            )
+        return
+    with store.session(readonly=True) as s:
+        ordinal = rows.get_row(s, row_id).ordinal
+    worker_of(ordinal, who)

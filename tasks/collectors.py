@@ -1,0 +1,106 @@
+"""Gauges read at scrape time, and the worker's exporter (names documented in the README).
+
+The top floor of the metrics: rows by state, the quarantined count, the ordinals
+(free, held, held by a quarantined row), the live child executions and the audit
+events written are read from the store (``store.numbers``, what ``poolctl status``
+shows); each pass's last scan and the queue depth from Redis (``tasks.liveness``,
+which reads the registry of passes). The counters the passes bump live below, in
+``tasks.metrics``, which imports nothing of the plane: a pass importing its
+counter never reaches back up here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from store import numbers
+from tasks import liveness
+
+
+class StoreCollector:
+    """Gauges read from the store when Prometheus scrapes."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self.store.session(readonly=True) as s:
+            found = numbers.read(s, self.store.pool_size)
+        yield _by("poolkeeper_rows", "Pool store rows by state.", "state", found.rows)
+        yield GaugeMetricFamily(
+            "poolkeeper_quarantined_rows",
+            "Rows quarantined after repeated failures.",
+            value=found.quarantined,
+        )
+        yield _by(
+            "poolkeeper_ordinals",
+            "Ordinals: free, held by a healthy live row, or held by a quarantined one (an operator's call).",
+            "state",
+            found.ordinals,
+        )
+        yield GaugeMetricFamily(
+            "poolkeeper_live_children",
+            "Child executions registered or running under a current grant.",
+            value=found.live_children,
+        )
+        yield GaugeMetricFamily(
+            "poolkeeper_audit_events_written",
+            "The audit trail's highest event id: events appended so far.",
+            value=found.audit_events,
+        )
+
+
+class PlaneCollector:
+    """Gauges read from Redis when Prometheus scrapes: each pass's last scan, the queue depth.
+
+    A Redis that does not answer leaves them out and says so in ``poolkeeper_redis_up``.
+    """
+
+    def __init__(self, settings: Any, client: Any) -> None:
+        self.settings, self.client = settings, client
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        health = liveness.read(self.client, self.settings, time.time())
+        yield GaugeMetricFamily(
+            "poolkeeper_redis_up", "Whether Redis answered this scrape.", value=int(health.error is None)
+        )
+        if health.error is not None:
+            return
+        yield _by(
+            "poolkeeper_last_scan_timestamp_seconds",
+            "When each pass's scanner last finished (epoch seconds; beat liveness).",
+            "pass_name",
+            {p.name: p.last for p in health.scans if p.last is not None},
+        )
+        yield GaugeMetricFamily(
+            "poolkeeper_queue_depth",
+            "Messages waiting in the deployment's maintenance queue.",
+            value=health.queue_depth or 0,
+        )
+        yield GaugeMetricFamily(
+            "poolkeeper_beat_alive",
+            "1 while some pass was scanned within 3 of its intervals.",
+            value=int(bool(health.beat_alive)),
+        )
+
+
+def _by(name: str, documentation: str, label: str, values: Mapping[str, float]) -> GaugeMetricFamily:
+    """A gauge with one sample per label value."""
+    family = GaugeMetricFamily(name, documentation, labels=[label])
+    for value, n in values.items():
+        family.add_metric([value], n)
+    return family
+
+
+def start_exporter(port: int, host: str, store: Any, settings: Any) -> None:
+    """Serve /metrics from the worker's main process: all children's counters, store and plane gauges."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    registry.register(StoreCollector(store))
+    registry.register(PlaneCollector(settings, liveness.client_for(settings)))
+    start_http_server(port, addr=host, registry=registry)
