@@ -47,6 +47,14 @@ class KanbanBoard:
         """``ConfigError`` unless ``migrate`` has set this board up (creates nothing)."""
         db.require_schema(self.engine, "board", "board", writable=writable)
 
+    def require_creatable(self) -> None:
+        db.require_creatable(self.engine, "board")
+
+    def location(self) -> str:
+        return db.mask_url(self.engine.url)
+
+    def close(self) -> None:
+        self.engine.dispose()
 
     @contextmanager
     def _tx(self, *, readonly: bool = False) -> Iterator[Connection]:

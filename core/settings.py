@@ -152,7 +152,8 @@ class Settings:
         for name in ("database_url", "board_url"):
             if not getattr(self, name):
                 raise SettingsError(f"{_var(name)}: must not be empty")
-            _check_database_url(getattr(self, name), _var(name))
+        # The board URL's scheme picks its backend; ``board.open_board`` checks it.
+        check_database_url(self.database_url, "POOL_DATABASE_URL")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -216,7 +217,7 @@ def _parse(raw: str, kind: type, var: str) -> Any:
     return raw
 
 
-def _check_database_url(url: str, var: str) -> None:
+def check_database_url(url: str, var: str) -> None:
     """A URL SQLAlchemy can parse, of a dialect it knows. The URL is not echoed: it may hold a password."""
     try:
         make_url(url).get_dialect()

@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from board import KanbanBoard, TaskStatus
+from board import Board, TaskStatus, open_board
 from core import db, validate
 from core.db import mask_url
 from core.errors import InvalidInput, NotFound, SettingsError, exit_code
@@ -82,10 +82,10 @@ def _store(access: Access = "read") -> PoolStore:
     return store
 
 
-def _kanban(access: Access = "read") -> KanbanBoard:
-    kanban = KanbanBoard(_settings().board_url)
+def _kanban(access: Access = "read") -> Board:
+    kanban = open_board(_settings())
     if access == "create":
-        db.require_creatable(kanban.engine, "board")
+        kanban.require_creatable()
     else:
         kanban.require_schema(writable=access == "write")
     return kanban
@@ -124,7 +124,7 @@ def init() -> None:
     store.migrate()
     kanban.migrate()
     out.print(f"pool store ready: {mask_url(store.engine.url)}")
-    out.print(f"board ready:      {mask_url(kanban.engine.url)}")
+    out.print(f"board ready:      {kanban.location()}")
 
 
 @app.command()

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import redis
 
-from board import Board, KanbanBoard, open_board
+from board import Board, open_board, with_faults
 from core.db import mask_url
 from core.errors import ConfigError, TransientError, Unavailable
 from core.settings import Settings
@@ -250,7 +250,7 @@ class Plane:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, store: PoolStore | None = None, kanban: KanbanBoard | None = None
+        cls, settings: Settings, store: PoolStore | None = None, kanban: Board | None = None
     ) -> Plane:
         """The plane on ``settings``, on the store and board given (else opened from the settings).
 
@@ -266,7 +266,7 @@ class Plane:
                 raise ConfigError(f"redis URL {mask_url(settings.redis_url)!r}: {err}") from None
             coord = RedisCoordination(client, settings)
         store = store or PoolStore.from_settings(settings)
-        return cls(settings, store, open_board(settings, kanban), coord)
+        return cls(settings, store, with_faults(kanban or open_board(settings), settings), coord)
 
 
 _current: Plane | None = None
@@ -299,11 +299,16 @@ def worker_redis_url(settings: Settings) -> str:
 def check_ready(settings: Settings) -> None:
     """The store and the board answer and are migrated to head: else ``ConfigError`` (a setting
     or ``poolctl init`` is missing) or ``TransientError``/``Unavailable`` (worth waiting for)."""
-    for target in (PoolStore.from_settings(settings), KanbanBoard(settings.board_url)):
-        try:
-            target.require_schema(writable=True)
-        finally:
-            target.engine.dispose()
+    store = PoolStore.from_settings(settings)
+    try:
+        store.require_schema(writable=True)
+    finally:
+        store.engine.dispose()
+    board = open_board(settings)
+    try:
+        board.require_schema(writable=True)
+    finally:
+        board.close()
 
 
 def current() -> Plane:

@@ -33,7 +33,7 @@ def test_environment_is_parsed_by_field_type() -> None:
         ("POOL_VISIBILITY_TIMEOUT", "10", "POOL_VISIBILITY_TIMEOUT: must be greater than"),
         ("POOL_DATABASE_URL", "", "POOL_DATABASE_URL: must not be empty"),
         ("POOL_DATABASE_URL", "pool.db", "POOL_DATABASE_URL: not a database URL SQLAlchemy can open"),
-        ("POOL_BOARD_URL", "foo://h/db", "POOL_BOARD_URL: not a database URL SQLAlchemy can open"),
+        ("POOL_BOARD_URL", "", "POOL_BOARD_URL: must not be empty"),  # its scheme: board.open_board
         ("POOL_NAMESPACE", "", "POOL_NAMESPACE: must be 1 to 32 letters"),
         ("POOL_NAMESPACE", "a:b", "POOL_NAMESPACE: must be 1 to 32 letters"),
         ("POOL_NAMESPACE", "n" * 33, "POOL_NAMESPACE: must be 1 to 32 letters"),

@@ -32,7 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from board import KanbanBoard
+from board import open_board
 from core import validate
 from core.errors import InvalidInput, NotFound, PoolError, ProtocolError, TransientError
 from core.settings import Settings
@@ -87,7 +87,7 @@ def install(app: FastAPI, settings: Settings, store: PoolStore) -> None:
 def router(settings: Settings, store: PoolStore) -> APIRouter:
     ui = APIRouter(prefix="/ui", include_in_schema=False)
     auth = ConsoleAuth(settings.server_secret)
-    kanban = KanbanBoard(settings.board_url)
+    kanban = open_board(settings)
     client, redis_problem = redis_reader(settings)
     pages = views.Pages(settings, store, kanban, client, redis_problem)
 
