@@ -15,6 +15,7 @@ from typing import Any
 
 from board.protocol import Board, BoardTask, Claim, TaskStatus
 from core.errors import TransientError
+from core.settings import default
 
 
 class PoisonedTask(RuntimeError):
@@ -83,7 +84,13 @@ class FlakyBoard:
         self.inner.close()
 
     def add_task(
-        self, board: str, title: str, body: str = "", *, lane: str = "pool", task_id: str | None = None
+        self,
+        board: str,
+        title: str,
+        body: str = "",
+        *,
+        lane: str = default("lane"),
+        task_id: str | None = None,
     ) -> str:
         return self.inner.add_task(board, title, body, lane=lane, task_id=task_id)
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from core.settings import default
+
 
 class TaskStatus(StrEnum):
     READY = "ready"
@@ -84,7 +86,13 @@ class Board(Protocol):
     # A move the task's status does not allow is ``InvalidInput``; an unknown task ``NotFound``.
 
     def add_task(
-        self, board: str, title: str, body: str = "", *, lane: str = "pool", task_id: str | None = None
+        self,
+        board: str,
+        title: str,
+        body: str = "",
+        *,
+        lane: str = default("lane"),
+        task_id: str | None = None,
     ) -> str:
         """A new ``ready`` task (its board is created on first use); returns its id."""
 

@@ -55,16 +55,18 @@ DEMO_FILES = re.compile(r"(pool|board)\.db(-wal|-shm|-journal)?|(worker|beat)r*\
 
 @dataclass(frozen=True)
 class DemoOptions:
-    tasks: int = 200
-    pool_size: int = 6
-    crash_rate: float = 0.05
-    hang_rate: float = 0.02
-    poison: int = 2
-    board_busy_rate: float = 0.02
-    lease_seconds: float = 3.0
-    timeout: float = 600.0
-    workdir: Path | None = None
-    seed: int | None = None
+    """What `poolctl demo` was asked for; its defaults are the command's options (``poolkeeper.cli``)."""
+
+    tasks: int
+    pool_size: int
+    crash_rate: float
+    hang_rate: float
+    poison: int
+    board_busy_rate: float
+    lease_seconds: float
+    timeout: float
+    workdir: Path | None
+    seed: int | None
 
 
 def demo_settings(opts: DemoOptions, workdir: Path, redis_url: str) -> Settings:
