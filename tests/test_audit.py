@@ -417,6 +417,7 @@ class TrailMachine(RuleBasedStateMachine):
     def deliver(self, data: st.DataObject, release: bool) -> None:
         offer = data.draw(st.sampled_from(sorted(self.offers.values(), key=lambda o: o.row_id)))
         self.runs += 1
+        got: str
         try:
             if release:
                 got = self.store.release(envelope(offer, f"d{self.runs}"), now=self.now)

@@ -276,7 +276,7 @@ def test_two_demos_on_one_redis_keep_to_their_own_namespace(tmp_path: Path) -> N
     try:
 
         def finished() -> bool:
-            seen.update(k.decode() for k in client.keys("*"))
+            seen.update(k.decode() if isinstance(k, bytes) else k for k in client.keys("*"))
             return all(d.poll() is not None for d in demos.values())
 
         wait_for("both demos to finish", finished, 300, every=0.2)

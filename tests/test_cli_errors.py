@@ -134,7 +134,10 @@ def test_an_unknown_postgres_database_is_a_configuration_error(tmp_path: Path, p
 
 
 def _write(name: str, data: bytes) -> Callable[[Path], None]:
-    return lambda path: (path / name).write_bytes(data)
+    def write(path: Path) -> None:
+        (path / name).write_bytes(data)
+
+    return write
 
 
 def _truncated(path: Path) -> None:

@@ -18,7 +18,7 @@ from board import Board, FlakyBoard, TaskStatus
 from core import db
 from core.errors import CorruptRow, TransientError
 from core.isolate import isolate
-from store import PoolStore, audit, queries, transitions
+from store import PoolStore, audit, bookkeeping, queries, transitions
 from store.models import RowState
 from tasks import failures, registry, runner
 from tasks.maintain import maintain_once
@@ -242,11 +242,12 @@ def test_lease_failure_settles_on_the_boards_evidence(
     plane: Plane, kanban: Board, board_move: str, expected: str
 ) -> None:
     row = lease_failed_row(plane, kanban)
-    {
+    moves: dict[str, Callable[[], object]] = {
         "delete": lambda: kanban.delete_task("b", "b0"),
         "reassign": lambda: kanban.reassign_task("b", "b0", assignee="bob", lane="pool"),
         "cancel": lambda: kanban.cancel_task("b", "b0"),
-    }[board_move]()
+    }
+    moves[board_move]()
     assert runner.run_key(plane, "lease_failures", row, NOW) == expected
     assert row_state(plane.store, row)["state"] == expected
 
@@ -675,7 +676,7 @@ def test_a_busy_store_is_asked_once_for_a_batch_of_failures_not_once_per_row(
         tries.append(sorted(errors))
         raise TransientError("pool store: database is locked")
 
-    monkeypatch.setattr(failures.bookkeeping, "record_failures", busy)
+    monkeypatch.setattr(bookkeeping, "record_failures", busy)
     caplog.set_level(logging.INFO, "poolkeeper")
     got = failures.record(
         plane, registry.get("expire"), [(r, ValueError("x")) for r in rows], NOW, counts=True
