@@ -23,7 +23,7 @@ test: install
 
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy poolkeeper store board tasks beat_schedule.py
+	$(VENV)/bin/mypy .
 
 bench: install
 	$(PY) bench/store_bench.py

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import create_engine, text
 
@@ -112,7 +113,9 @@ def grants(store: PoolStore) -> list[Offer]:
     return offers
 
 
-def bench_backend(name: str, url: str, workdir: Path, clients: list[int], seconds: float) -> list[tuple]:
+def bench_backend(
+    name: str, url: str, workdir: Path, clients: list[int], seconds: float
+) -> list[tuple[Any, ...]]:
     settings = Settings(database_url=url, board_url=url, pool_size=ORDINALS, lease_seconds=LEASE)
     store = server_store(settings)  # the same engine options as the server's
     store.migrate()

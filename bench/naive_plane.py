@@ -30,7 +30,7 @@ app.conf.update(
 )
 
 
-@app.task(name="naive.expire")
+@app.task(name="naive.expire")  # type: ignore[untyped-decorator]  # celery ships no hints
 def expire_one(row_id: int) -> None:
     coord = RedisCoordination(redis.Redis.from_url(settings.redis_url), settings)
     [token] = coord.lock_many([f"row:{row_id}"])

@@ -46,7 +46,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
-from board import KanbanBoard
+from board import open_board
 from core.settings import Settings
 from poolkeeper.embedded import CeleryProc, RedisServer, wait_for
 from store import PoolStore, queries, transitions
@@ -89,9 +89,9 @@ def storm(
     settings = Settings(database_url=url, board_url=url, redis_url=redis_url, pool_size=max(n, 1), **over)
     store = PoolStore.from_settings(settings)
     store.migrate()
-    board = KanbanBoard(url)
+    board = open_board(settings)
     board.migrate()  # a worker refuses to start on a store or board that is not migrated
-    board.engine.dispose()
+    board.close()
     past = time.time() - 60
     bad = set(poisoned)
     rows = [

@@ -1,9 +1,11 @@
 """Fault injection for the demo and the fault tests: a board that is sometimes busy.
 
-Wraps any ``Board``. A call fails with ``TransientError`` (as a locked SQLite
-board would) at ``busy_rate``. Calls about a poisoned task id always fail
-with an unexpected error, as corrupt data would. It is enabled only through
-the ``POOL_CHAOS_*`` settings.
+Wraps any ``Board``. A call of the maintenance plane fails with
+``TransientError`` (as a locked SQLite board would) at ``busy_rate``. Such
+calls about a poisoned task id always fail with an unexpected error, as
+corrupt data would. Setting up, operator moves and reads pass straight
+through. It is enabled only through the ``POOL_CHAOS_*`` settings
+(``board.with_faults``).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from board.protocol import Board, BoardTask, Claim
+from board.protocol import Board, BoardTask, Claim, TaskStatus
 from core.errors import TransientError
+from core.settings import default
 
 
 class PoisonedTask(RuntimeError):
@@ -62,3 +65,63 @@ class FlakyBoard:
     def complete_task(self, board: str, task_id: str, expected_run_id: int, result: dict[str, Any]) -> bool:
         self._maybe_fail(task_id)
         return self.inner.complete_task(board, task_id, expected_run_id, result)
+
+    # --- passed through unchanged ----------------------------------------------------
+
+    def migrate(self) -> None:
+        self.inner.migrate()
+
+    def require_creatable(self) -> None:
+        self.inner.require_creatable()
+
+    def require_schema(self, *, writable: bool = False) -> None:
+        self.inner.require_schema(writable=writable)
+
+    def location(self) -> str:
+        return self.inner.location()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def add_task(
+        self,
+        board: str,
+        title: str,
+        body: str = "",
+        *,
+        lane: str = default("lane"),
+        task_id: str | None = None,
+    ) -> str:
+        return self.inner.add_task(board, title, body, lane=lane, task_id=task_id)
+
+    def unblock_task(self, board: str, task_id: str) -> BoardTask:
+        return self.inner.unblock_task(board, task_id)
+
+    def cancel_task(self, board: str, task_id: str) -> BoardTask:
+        return self.inner.cancel_task(board, task_id)
+
+    def reassign_task(self, board: str, task_id: str, *, assignee: str, lane: str) -> BoardTask:
+        return self.inner.reassign_task(board, task_id, assignee=assignee, lane=lane)
+
+    def delete_task(self, board: str, task_id: str) -> None:
+        self.inner.delete_task(board, task_id)
+
+    def archive_board(self, board: str) -> None:
+        self.inner.archive_board(board)
+
+    def has_board(self, board: str) -> bool:
+        return self.inner.has_board(board)
+
+    def list_tasks(
+        self, board: str | None = None, status: TaskStatus | None = None, limit: int = 10_000
+    ) -> list[BoardTask]:
+        return self.inner.list_tasks(board, status, limit)
+
+    def counts_by_status(self) -> dict[str, int]:
+        return self.inner.counts_by_status()
+
+    def pool_runs(self, assignee: str) -> list[tuple[str, str, int, str]]:
+        return self.inner.pool_runs(assignee)
+
+    def list_runs(self, board: str, task_ids: list[str]) -> list[dict[str, Any]]:
+        return self.inner.list_runs(board, task_ids)

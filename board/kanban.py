@@ -30,6 +30,7 @@ from board.protocol import BoardTask, Claim, TaskStatus
 from board.schema import boards, metadata, runs, tasks
 from core import db, validate
 from core.errors import InvalidInput, NotFound, TransientError
+from core.settings import default
 
 T = tasks.c
 log = logging.getLogger("poolkeeper.board")
@@ -47,6 +48,14 @@ class KanbanBoard:
         """``ConfigError`` unless ``migrate`` has set this board up (creates nothing)."""
         db.require_schema(self.engine, "board", "board", writable=writable)
 
+    def require_creatable(self) -> None:
+        db.require_creatable(self.engine, "board")
+
+    def location(self) -> str:
+        return db.mask_url(self.engine.url)
+
+    def close(self) -> None:
+        self.engine.dispose()
 
     @contextmanager
     def _tx(self, *, readonly: bool = False) -> Iterator[Connection]:
@@ -198,7 +207,13 @@ class KanbanBoard:
     # --- operator moves ------------------------------------------------------
 
     def add_task(
-        self, board: str, title: str, body: str = "", *, lane: str = "pool", task_id: str | None = None
+        self,
+        board: str,
+        title: str,
+        body: str = "",
+        *,
+        lane: str = default("lane"),
+        task_id: str | None = None,
     ) -> str:
         validate.name("board", board, 64)
         task_id = validate.name("task_id", task_id or uuid.uuid4().hex[:12], 128)

@@ -1,8 +1,11 @@
-"""The board is the source of truth; the store and the tasks depend only on this protocol.
+"""The board is the source of truth; everything outside ``board/`` depends only on this protocol.
 
 Every call may raise ``TransientError`` (other writers share the board's
 database). ``block_task`` and ``complete_task`` are compare-and-set on the
 task's current run: they act on exactly that run or return ``False``.
+Boards are opened by ``board.open_board(settings)``, which picks the backend
+from ``POOL_BOARD_URL``'s scheme; ``tests/test_board_contract.py`` holds every
+backend to this protocol.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
+
+from core.settings import default
 
 
 class TaskStatus(StrEnum):
@@ -44,6 +49,25 @@ class Claim:
 
 
 class Board(Protocol):
+    # --- setting up: `poolctl init`, readiness checks ------------------------------
+
+    def migrate(self) -> None:
+        """Create or bring the board's schema to head (a no-op when current)."""
+
+    def require_creatable(self) -> None:
+        """``ConfigError`` unless ``migrate`` could set this board up here (creates nothing)."""
+
+    def require_schema(self, *, writable: bool = False) -> None:
+        """``ConfigError`` unless ``migrate`` has set this board up (creates nothing)."""
+
+    def location(self) -> str:
+        """Where the board lives, fit to print (no password)."""
+
+    def close(self) -> None:
+        """Let go of connections; the board may be used again afterwards."""
+
+    # --- the maintenance plane's calls ---------------------------------------------
+
     def list_boards(self, include_archived: bool = False) -> list[str]: ...
 
     def running_tasks(self, board: str) -> list[BoardTask]: ...
@@ -57,3 +81,48 @@ class Board(Protocol):
     def complete_task(
         self, board: str, task_id: str, expected_run_id: int, result: dict[str, Any]
     ) -> bool: ...
+
+    # --- operator moves: the CLI, the console, the demo ------------------------------
+    # A move the task's status does not allow is ``InvalidInput``; an unknown task ``NotFound``.
+
+    def add_task(
+        self,
+        board: str,
+        title: str,
+        body: str = "",
+        *,
+        lane: str = default("lane"),
+        task_id: str | None = None,
+    ) -> str:
+        """A new ``ready`` task (its board is created on first use); returns its id."""
+
+    def unblock_task(self, board: str, task_id: str) -> BoardTask:
+        """A parked task goes back to ``ready`` (its next claim gets a new run id)."""
+
+    def cancel_task(self, board: str, task_id: str) -> BoardTask:
+        """End a task for good: it is ``done`` with result ``{"cancelled": true}``."""
+
+    def reassign_task(self, board: str, task_id: str, *, assignee: str, lane: str) -> BoardTask:
+        """Hand a running task to someone else: a new run starts, the old one has moved on."""
+
+    def delete_task(self, board: str, task_id: str) -> None: ...
+
+    def archive_board(self, board: str) -> None: ...
+
+    # --- reads: `poolctl status`/`board list`, the console, the demo's checks ------------
+
+    def has_board(self, board: str) -> bool: ...
+
+    def list_tasks(
+        self, board: str | None = None, status: TaskStatus | None = None, limit: int = 10_000
+    ) -> list[BoardTask]: ...
+
+    def counts_by_status(self) -> dict[str, int]:
+        """Tasks per status, every status present (0 when none)."""
+
+    def pool_runs(self, assignee: str) -> list[tuple[str, str, int, str]]:
+        """Every run ever claimed as ``assignee``: (board, task_id, run_id, outcome)."""
+
+    def list_runs(self, board: str, task_ids: list[str]) -> list[dict[str, Any]]:
+        """Every run of these tasks, oldest first: task_id, run_id, assignee, outcome, started_at, ended_at
+        (a dict each)."""

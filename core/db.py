@@ -260,22 +260,16 @@ class Prepared:
     (bench/store_bench.py). Parameters go to the driver as they are, so they must be
     plain ``str``, ``int``, ``float``, ``bool`` or ``None``. Driver errors surface as
     SQLAlchemy's ``DBAPIError`` classes, so ``translate`` classifies them as usual.
-    ``columns`` names the parameters of an INSERT given no ``values()``.
     """
 
-    def __init__(self, statement: ClauseElement, columns: Sequence[str] | None = None) -> None:
+    def __init__(self, statement: ClauseElement) -> None:
         self.statement = statement
-        self.columns = columns
         self._compiled: dict[tuple[str, str, str], SQLCompiler] = {}
 
     def run(self, conn: Connection, params: Mapping[str, Any] | None = None) -> Ran:
         with self._cursor(conn) as (cursor, sql, args):
             cursor.execute(sql, args(params))
             return Ran(cursor.rowcount, cursor.fetchall() if cursor.description else [])
-
-    def run_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
-        with self._cursor(conn) as (cursor, sql, args):
-            cursor.executemany(sql, [args(row) for row in rows])
 
     @contextmanager
     def _cursor(self, conn: Connection) -> Iterator[tuple[Any, str, Callable[[Any], Any]]]:
@@ -294,7 +288,7 @@ class Prepared:
             yield cursor, compiled.string, args
 
     def _compile(self, dialect: Dialect) -> SQLCompiler:
-        compiled = self.statement.compile(dialect=dialect, column_keys=self.columns)
+        compiled = self.statement.compile(dialect=dialect)
         assert isinstance(compiled, SQLCompiler)
         if compiled.post_compile_params:  # ``in_()`` lists are expanded per execute: not here
             raise ValueError(f"cannot prepare a statement with an IN list: {compiled.string}")

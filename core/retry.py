@@ -9,15 +9,17 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from core.settings import Settings
+from core.settings import Settings, default
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    base_seconds: float = 2.0
-    max_seconds: float = 300.0
-    quarantine_after: int = 5
-    quarantine_retry_seconds: float = 900.0
+    """Defaults: the settings' (``POOL_BACKOFF_*``, ``POOL_QUARANTINE_*``)."""
+
+    base_seconds: float = default("backoff_base_seconds")
+    max_seconds: float = default("backoff_max_seconds")
+    quarantine_after: int = default("quarantine_after")
+    quarantine_retry_seconds: float = default("quarantine_retry_seconds")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryPolicy:

@@ -1,8 +1,16 @@
 """One validated settings object, read from ``POOL_*`` environment variables.
 
-Every field documents its variable and default next to it. ``Settings.from_env``
-rejects a bad value at start-up with a message naming the variable, so a typo in
-a deployment fails loudly before any row is touched.
+Each field is declared with ``setting(default, doc, rule...)``: its variable, its
+default (stated here and nowhere else: ``default(name)`` hands it to a caller
+that needs it without settings), what it means, and the rule its value must
+keep, in the field's dataclass metadata. ``Settings.__post_init__`` applies
+those rules field by field, so ``Settings(...)``, ``Settings.from_env()`` and
+``dataclasses.replace`` are all validated the same way, and a bad value is
+rejected at start-up with a message naming the variable before any row is
+touched. (Field metadata rather than pydantic-settings: ``dataclasses.replace``
+and keyword construction keep validating, the messages stay one line naming
+the variable, and the ground floor gains no dependency; docs/design.md,
+"Adding a setting".)
 """
 
 from __future__ import annotations
@@ -12,147 +20,182 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
 from core.errors import SettingsError, UnusableURL
 
-T = TypeVar("T")
 # A namespace starts every Redis key, the queue and the task names: short, no separators of its own.
 NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 MIN_SECRET_CHARS = 32
 
+Bound = float | str | tuple[str, ...]  # a number, or the field(s) whose value (the largest) bounds this one
+Rule = Callable[[Any, str], None]  # (value, variable) -> None, or SettingsError naming the variable
+
+
+def setting(
+    default: Any,
+    doc: str,
+    *,
+    var: str | None = None,
+    ge: Bound | None = None,
+    gt: Bound | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    expected: str | None = None,
+    rule: Rule | None = None,
+    secret: bool = False,
+) -> Any:
+    """A field of ``Settings``: its default, what it means, and the rule its value keeps.
+
+    ``ge``/``gt``/``le``/``lt`` bound a number (``ge``/``gt`` may name other fields, which
+    come earlier); ``expected`` words the bound in the message when the plain one would not
+    read well; ``rule`` is any other check. ``var`` names the variable when it is not
+    ``POOL_<FIELD>``. A ``secret`` is never echoed, in a message or by ``repr``.
+    """
+    meta = {"doc": doc, "var": var, "ge": ge, "gt": gt, "le": le, "lt": lt, "expected": expected}
+    return field(default=default, repr=not secret, metadata={**meta, "rule": rule, "secret": secret})
+
+
+def nonempty(value: str, var: str) -> None:
+    if not value:
+        raise SettingsError(f"{var}: must not be empty")
+
+
+def check_database_url(url: str, var: str) -> None:
+    """A URL SQLAlchemy can parse, of a dialect it knows. The URL is not echoed: it may hold a password."""
+    nonempty(url, var)
+    try:
+        make_url(url).get_dialect()
+    except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ValueError) as err:
+        raise UnusableURL(f"{var}: not a database URL SQLAlchemy can open ({err})") from None
+
+
+def _namespace(value: str, var: str) -> None:
+    if not NAMESPACE_RE.fullmatch(value):
+        raise SettingsError(
+            f"{var}: must be 1 to 32 letters, digits, '_' or '-', starting with a letter or digit,"
+            f" got {value!r}"
+        )
+
+
+def _server_secret(value: str, var: str) -> None:
+    if value and len(value) < MIN_SECRET_CHARS:  # the message never holds the value
+        raise SettingsError(
+            f"{var}: must be at least {MIN_SECRET_CHARS} characters"
+            " (e.g. the output of `openssl rand -hex 32`)"
+        )
+
 
 @dataclass(frozen=True)
 class Settings:
-    # POOL_DATABASE_URL: the pool store (SQLAlchemy URL; SQLite file or PostgreSQL).
-    database_url: str = "sqlite:///pool.db"
-    # POOL_BOARD_URL: the built-in Kanban board's database.
-    board_url: str = "sqlite:///board.db"
-    # POOL_REDIS_URL: broker and lock server; empty means "none configured"
-    # (the demo then starts an embedded redis-server).
-    redis_url: str = ""
-    # POOL_SIZE: number of worker ordinals 0..N-1.
-    pool_size: int = 3
-    # POOL_LEASE_SECONDS: lease granted by offer and extended by each heartbeat.
-    lease_seconds: float = 90.0
-    # POOL_MAX_ATTEMPTS: fenced attempts before a row becomes lease_failed.
-    max_attempts: int = 3
-    # POOL_RETENTION_SECONDS: terminal rows and delivery records older than this are collected.
-    retention_seconds: float = 7 * 24 * 3600.0
-    # POOL_LANE / POOL_ASSIGNEE: the board lane the pool serves and the assignee it claims as.
-    lane: str = "pool"
-    assignee: str = "poolkeeper"
-    # POOL_QUARANTINE_AFTER: consecutive maintenance failures before a row is quarantined.
-    quarantine_after: int = 5
-    # POOL_BACKOFF_BASE_SECONDS / POOL_BACKOFF_MAX_SECONDS: exponential backoff with jitter.
-    backoff_base_seconds: float = 2.0
-    backoff_max_seconds: float = 300.0
-    # POOL_QUARANTINE_RETRY_SECONDS: how often a quarantined row is still retried.
-    quarantine_retry_seconds: float = 900.0
-    # POOL_TRANSIENT_RETRIES: Celery retries of one row for a transient error.
-    transient_retries: int = 5
-    # POOL_TICK_SECONDS: beat interval of the fast scanners (expire, results,
-    # lease failures, dispatch).
-    tick_seconds: float = 5.0
-    # POOL_RECONCILE_SECONDS / POOL_GC_SECONDS: beat intervals of the slow passes.
-    reconcile_seconds: float = 30.0
-    gc_seconds: float = 3600.0
-    # POOL_LINEAGE_MAX_DEPTH: how deep child executions may nest under a run (1 to 64).
-    lineage_max_depth: int = 32
-    # POOL_SCAN_LIMIT: due rows one scanner tick enqueues at most.
-    scan_limit: int = 2000
-    # POOL_BATCH_SIZE: keys per message for passes that talk to the board (each key
-    # keeps its own lock and transactions).
-    batch_size: int = 50
-    # POOL_STORE_BATCH_SIZE: row keys per message for store-only passes (expire): one
-    # set-based statement per batch, split only where it fails; each row keeps its lock.
-    store_batch_size: int = 1000
-    # POOL_GC_BATCH: rows deleted per GC transaction.
-    gc_batch: int = 500
-    # POOL_TASK_TIME_LIMIT: hard Celery time limit per message; the soft limit is 80% of it.
-    task_time_limit: float = 120.0
-    # POOL_VISIBILITY_TIMEOUT: broker redelivery timeout; must exceed every countdown.
-    visibility_timeout: float = 3600.0
-    # POOL_METRICS_PORT: Prometheus exporter port of a worker (0 = off).
-    metrics_port: int = 0
-    # POOL_HTTP_HOST: the address the metrics exporter binds.
-    http_host: str = "127.0.0.1"
-    # POOL_NAMESPACE: the deployment's name on a shared Redis: it starts every key, lock and
-    # marker, the queue and the Celery task names, so deployments never see each other's work.
-    namespace: str = "poolkeeper"
-    # POOL_SERVER_SECRET: what `poolctl serve` derives every bearer token from (at least 32
-    # characters; never logged, never handed to a child by ``env()``). POOL_SERVER_SECRET_FILE
-    # names a file holding it instead (a mounted Secret); giving both is an error. Empty: no auth,
-    # and `serve` starts only with --local-only on a loopback address.
-    server_secret: str = field(default="", repr=False)
-    # POOL_SERVE_HOST / POOL_SERVE_PORT: where `poolctl serve` listens.
-    serve_host: str = "127.0.0.1"
-    serve_port: int = 8080
-    # POOL_MAX_BODY_BYTES: the largest request body `serve` reads; past it, 413.
-    max_body_bytes: int = 1024 * 1024
-    # POOL_BODY_TIMEOUT_SECONDS: a client has this long to send each part of its body (else 408),
-    # so a slow client holds only its own connection.
-    body_timeout_seconds: float = 10.0
-    # POOL_CHAOS_BOARD_BUSY_RATE: fraction of board calls failing as "busy" (demo, fault tests).
-    chaos_board_busy_rate: float = 0.0
-    # POOL_CHAOS_POISON_TASKS: comma-separated task ids whose every board call fails.
-    chaos_poison_tasks: str = ""
+    database_url: str = setting(
+        "sqlite:///pool.db",
+        "The pool store (SQLAlchemy URL; SQLite file or PostgreSQL).",
+        rule=check_database_url,
+    )
+    board_url: str = setting(
+        "sqlite:///board.db",
+        "The board; its scheme picks the backend (``board.open_board`` checks it): sqlite: or"
+        " postgresql...: the built-in Kanban.",
+        rule=nonempty,
+    )
+    redis_url: str = setting(
+        "", "Broker and lock server; empty: none configured (the demo then starts an embedded redis-server)."
+    )
+    pool_size: int = setting(3, "Number of worker ordinals 0..N-1.", var="POOL_SIZE", ge=1, le=100_000)
+    lease_seconds: float = setting(
+        90.0, "Lease granted by offer and extended by each heartbeat.", gt=0, le=86400
+    )
+    max_attempts: int = setting(3, "Fenced attempts before a row becomes lease_failed.", ge=1, le=100)
+    retention_seconds: float = setting(
+        7 * 24 * 3600.0, "Terminal rows and delivery records older than this are collected.", ge=3600
+    )
+    lane: str = setting("pool", "The board lane the pool serves.")
+    assignee: str = setting("poolkeeper", "The assignee the pool claims board tasks as.")
+    quarantine_after: int = setting(5, "Consecutive maintenance failures before a row is quarantined.", ge=1)
+    backoff_base_seconds: float = setting(2.0, "Exponential backoff (with jitter): the first delay.", gt=0)
+    backoff_max_seconds: float = setting(
+        300.0, "Exponential backoff: the longest delay.", ge="backoff_base_seconds"
+    )
+    quarantine_retry_seconds: float = setting(900.0, "How often a quarantined row is still retried.", gt=0)
+    transient_retries: int = setting(5, "Celery retries of one row for a transient error.", ge=0)
+    tick_seconds: float = setting(
+        5.0, "Beat interval of the fast scanners (expire, results, lease failures, dispatch).", gt=0
+    )
+    reconcile_seconds: float = setting(30.0, "Beat interval of reconcile.", gt=0)
+    gc_seconds: float = setting(3600.0, "Beat interval of gc.", gt=0)
+    lineage_max_depth: int = setting(32, "How deep child executions may nest under a run.", ge=1, le=64)
+    scan_limit: int = setting(2000, "Due rows one scanner tick enqueues at most.", ge=1)
+    batch_size: int = setting(
+        50,
+        "Keys per message for passes that talk to the board (each key keeps its own lock and transactions).",
+        ge=1,
+        le=1000,
+    )
+    store_batch_size: int = setting(
+        1000,
+        "Row keys per message for store-only passes (expire): one set-based statement per batch, split only"
+        " where it fails; each row keeps its lock.",
+        ge=1,
+        le=5000,
+    )
+    gc_batch: int = setting(500, "Rows deleted per GC transaction.", ge=1)
+    task_time_limit: float = setting(
+        120.0, "Hard Celery time limit per message; the soft limit is 80% of it.", ge=1
+    )
+    visibility_timeout: float = setting(
+        3600.0,
+        "Broker redelivery timeout; must exceed every countdown and the time limit.",
+        gt=("backoff_max_seconds", "quarantine_retry_seconds", "task_time_limit"),
+    )
+    metrics_port: int = setting(
+        0, "Prometheus exporter port of a worker (0 = off).", ge=0, le=65535, expected="a port or 0"
+    )
+    http_host: str = setting("127.0.0.1", "The address the metrics exporter binds.")
+    namespace: str = setting(
+        "poolkeeper",
+        "The deployment's name on a shared Redis: it starts every key, lock and marker, the queue and the"
+        " Celery task names, so deployments never see each other's work.",
+        rule=_namespace,
+    )
+    server_secret: str = setting(
+        "",
+        "What `poolctl serve` derives every bearer token from (at least 32 characters; never logged, never"
+        " handed to a child by ``env()``). POOL_SERVER_SECRET_FILE names a file holding it instead (a mounted"
+        " Secret); giving both is an error. Empty: no auth, and `serve` starts only with --local-only on a"
+        " loopback address.",
+        rule=_server_secret,
+        secret=True,
+    )
+    serve_host: str = setting("127.0.0.1", "Where `poolctl serve` listens.")
+    serve_port: int = setting(
+        8080, "The port `poolctl serve` listens on.", ge=0, le=65535, expected="a port (0: any free one)"
+    )
+    max_body_bytes: int = setting(
+        1024 * 1024,
+        "The largest request body `serve` reads; past it, 413.",
+        ge=1024,
+        le=64 << 20,
+        expected="1 KiB to 64 MiB",
+    )
+    body_timeout_seconds: float = setting(
+        10.0,
+        "A client has this long to send each part of its body (else 408), so a slow client holds only its"
+        " own connection.",
+        gt=0,
+        le=600,
+    )
+    chaos_board_busy_rate: float = setting(
+        0.0, "Fraction of the plane's board calls failing as busy (demo, fault tests).", ge=0, lt=1
+    )
+    chaos_poison_tasks: str = setting("", "Comma-separated task ids whose every board call fails.")
 
     def __post_init__(self) -> None:
-        _check(self.pool_size, "POOL_SIZE", lambda v: 1 <= v <= 100_000, "between 1 and 100000")
-        _check(self.lease_seconds, "POOL_LEASE_SECONDS", lambda v: 0 < v <= 86400, "in (0, 86400]")
-        _check(self.max_attempts, "POOL_MAX_ATTEMPTS", lambda v: 1 <= v <= 100, "between 1 and 100")
-        _check(self.retention_seconds, "POOL_RETENTION_SECONDS", lambda v: v >= 3600, ">= 3600")
-        _check(self.quarantine_after, "POOL_QUARANTINE_AFTER", lambda v: v >= 1, ">= 1")
-        _check(self.backoff_base_seconds, "POOL_BACKOFF_BASE_SECONDS", lambda v: v > 0, "> 0")
-        _check(
-            self.backoff_max_seconds,
-            "POOL_BACKOFF_MAX_SECONDS",
-            lambda v: v >= self.backoff_base_seconds,
-            ">= POOL_BACKOFF_BASE_SECONDS",
-        )
-        _check(self.quarantine_retry_seconds, "POOL_QUARANTINE_RETRY_SECONDS", lambda v: v > 0, "> 0")
-        _check(self.transient_retries, "POOL_TRANSIENT_RETRIES", lambda v: v >= 0, ">= 0")
-        _check(self.tick_seconds, "POOL_TICK_SECONDS", lambda v: v > 0, "> 0")
-        _check(self.reconcile_seconds, "POOL_RECONCILE_SECONDS", lambda v: v > 0, "> 0")
-        _check(self.gc_seconds, "POOL_GC_SECONDS", lambda v: v > 0, "> 0")
-        _check(self.lineage_max_depth, "POOL_LINEAGE_MAX_DEPTH", lambda v: 1 <= v <= 64, "between 1 and 64")
-        _check(self.scan_limit, "POOL_SCAN_LIMIT", lambda v: v >= 1, ">= 1")
-        _check(self.batch_size, "POOL_BATCH_SIZE", lambda v: 1 <= v <= 1000, "between 1 and 1000")
-        _check(self.store_batch_size, "POOL_STORE_BATCH_SIZE", lambda v: 1 <= v <= 5000, "between 1 and 5000")
-        _check(self.gc_batch, "POOL_GC_BATCH", lambda v: v >= 1, ">= 1")
-        _check(self.task_time_limit, "POOL_TASK_TIME_LIMIT", lambda v: v >= 1, ">= 1")
-        longest_countdown = max(self.backoff_max_seconds, self.quarantine_retry_seconds)
-        _check(
-            self.visibility_timeout,
-            "POOL_VISIBILITY_TIMEOUT",
-            lambda v: v > max(longest_countdown, self.task_time_limit),
-            "greater than POOL_BACKOFF_MAX_SECONDS, POOL_QUARANTINE_RETRY_SECONDS and POOL_TASK_TIME_LIMIT",
-        )
-        _check(self.metrics_port, "POOL_METRICS_PORT", lambda v: 0 <= v <= 65535, "a port or 0")
-        _check(self.serve_port, "POOL_SERVE_PORT", lambda v: 0 <= v <= 65535, "a port (0: any free one)")
-        _check(self.max_body_bytes, "POOL_MAX_BODY_BYTES", lambda v: 1024 <= v <= 64 << 20, "1 KiB to 64 MiB")
-        _check(self.body_timeout_seconds, "POOL_BODY_TIMEOUT_SECONDS", lambda v: 0 < v <= 600, "in (0, 600]")
-        if self.server_secret and len(self.server_secret) < MIN_SECRET_CHARS:
-            # never _check: its message would print the value
-            raise SettingsError(
-                f"POOL_SERVER_SECRET: must be at least {MIN_SECRET_CHARS} characters"
-                " (e.g. the output of `openssl rand -hex 32`)"
-            )
-        _check(self.chaos_board_busy_rate, "POOL_CHAOS_BOARD_BUSY_RATE", lambda v: 0 <= v < 1, "in [0, 1)")
-        _check(
-            self.namespace,
-            "POOL_NAMESPACE",
-            lambda v: bool(NAMESPACE_RE.fullmatch(v)),
-            "1 to 32 letters, digits, '_' or '-', starting with a letter or digit",
-        )
-        for name in ("database_url", "board_url"):
-            if not getattr(self, name):
-                raise SettingsError(f"{_var(name)}: must not be empty")
-            _check_database_url(getattr(self, name), _var(name))
+        for f in fields(self):
+            _check(self, f.name, f.metadata)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -187,7 +230,7 @@ class Settings:
 
         All but the server secret: a child that needs it (``serve``) is handed it on purpose.
         """
-        return {_var(f.name): str(getattr(self, f.name)) for f in fields(self) if f.name != "server_secret"}
+        return {_var(f.name): str(getattr(self, f.name)) for f in fields(self) if not f.metadata["secret"]}
 
 
 def read_secret_file(var: str, path: str) -> str:
@@ -198,9 +241,13 @@ def read_secret_file(var: str, path: str) -> str:
         raise SettingsError(f"{var}: cannot read {path}: {type(err).__name__}") from None
 
 
+def default(name: str) -> Any:
+    """The default of the setting ``name``: for a caller that takes values, not the settings."""
+    return Settings.__dataclass_fields__[name].default
+
+
 def _var(field_name: str) -> str:
-    special = {"pool_size": "POOL_SIZE"}
-    return special.get(field_name, "POOL_" + field_name.upper())
+    return Settings.__dataclass_fields__[field_name].metadata["var"] or "POOL_" + field_name.upper()
 
 
 def _parse(raw: str, kind: type, var: str) -> Any:
@@ -216,14 +263,44 @@ def _parse(raw: str, kind: type, var: str) -> Any:
     return raw
 
 
-def _check_database_url(url: str, var: str) -> None:
-    """A URL SQLAlchemy can parse, of a dialect it knows. The URL is not echoed: it may hold a password."""
-    try:
-        make_url(url).get_dialect()
-    except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ValueError) as err:
-        raise UnusableURL(f"{var}: not a database URL SQLAlchemy can open ({err})") from None
+_OPS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
+    "ge": (lambda v, b: v >= b, ">="),
+    "gt": (lambda v, b: v > b, ">"),
+    "le": (lambda v, b: v <= b, "<="),
+    "lt": (lambda v, b: v < b, "<"),
+}
 
 
-def _check(value: T, var: str, ok: Callable[[T], bool], expected: str) -> None:
-    if not ok(value):
-        raise SettingsError(f"{var}: must be {expected}, got {value!r}")
+def _check(settings: Settings, name: str, meta: Mapping[str, Any]) -> None:
+    """The field's rule and bounds; the first one broken is a ``SettingsError`` naming the variable."""
+    value, var = getattr(settings, name), _var(name)
+    if meta["rule"] is not None:
+        meta["rule"](value, var)
+    for op, (ok, _) in _OPS.items():
+        bound = meta[op]
+        if bound is None:
+            continue
+        limit = max(getattr(settings, b) for b in _names(bound)) if _names(bound) else bound
+        if not ok(value, limit):  # NaN fails every bound
+            raise SettingsError(f"{var}: must be {meta['expected'] or _expected(meta)}, got {value!r}")
+
+
+def _names(bound: Bound) -> tuple[str, ...]:
+    return (bound,) if isinstance(bound, str) else bound if isinstance(bound, tuple) else ()
+
+
+def _expected(meta: Mapping[str, Any]) -> str:
+    """The bounds in words: "between 1 and 64", "in (0, 600]", ">= 3600", ">= POOL_X", "greater than ..."."""
+    ge, gt, le, lt = (meta[op] for op in ("ge", "gt", "le", "lt"))
+    low = ge if ge is not None else gt
+    if low is not None and _names(low):
+        names = [_var(n) for n in _names(low)]
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        return f">= {listed}" if ge is not None else f"greater than {listed}"
+    high = le if le is not None else lt
+    if low is None or high is None:
+        op = next(op for op in ("ge", "gt", "le", "lt") if meta[op] is not None)
+        return f"{_OPS[op][1]} {meta[op]}"
+    if ge is not None and le is not None and isinstance(ge, int) and isinstance(le, int):
+        return f"between {ge} and {le}"
+    return f"in {'[' if ge is not None else '('}{low}, {high}{']' if le is not None else ')'}"

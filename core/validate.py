@@ -111,7 +111,7 @@ def run_payload(*, board: str, task_id: str, run_id: int, title: str, body: str)
 
     A body holding a JSON object is passed on as ``input``, too. The payload is a
     ``document``: at most ``MAX_DOCUMENT_BYTES`` as JSON, no credential-like keys.
-    Materialize builds it for each claim; ``KanbanBoard.add_task`` builds it (with the
+    Materialize builds it for each claim; ``Board.add_task`` builds it (with the
     largest run id) to refuse a task the pool could never serve.
     """
     payload: dict[str, Any] = {

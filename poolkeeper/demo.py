@@ -38,7 +38,7 @@ from rich.live import Live
 from rich.table import Table
 from sqlalchemy import text
 
-from board import KanbanBoard, TaskStatus
+from board import Board, TaskStatus, open_board
 from core.errors import InvalidInput, PoolError
 from core.settings import Settings
 from poolkeeper import operator, tokens
@@ -55,16 +55,18 @@ DEMO_FILES = re.compile(r"(pool|board)\.db(-wal|-shm|-journal)?|(worker|beat)r*\
 
 @dataclass(frozen=True)
 class DemoOptions:
-    tasks: int = 200
-    pool_size: int = 6
-    crash_rate: float = 0.05
-    hang_rate: float = 0.02
-    poison: int = 2
-    board_busy_rate: float = 0.02
-    lease_seconds: float = 3.0
-    timeout: float = 600.0
-    workdir: Path | None = None
-    seed: int | None = None
+    """What `poolctl demo` was asked for; its defaults are the command's options (``poolkeeper.cli``)."""
+
+    tasks: int
+    pool_size: int
+    crash_rate: float
+    hang_rate: float
+    poison: int
+    board_busy_rate: float
+    lease_seconds: float
+    timeout: float
+    workdir: Path | None
+    seed: int | None
 
 
 def demo_settings(opts: DemoOptions, workdir: Path, redis_url: str) -> Settings:
@@ -133,14 +135,14 @@ class Demo:
         else:
             self.console.print(f"files kept in {self.workdir}")
 
-    def _start(self) -> tuple[PoolStore, KanbanBoard]:
+    def _start(self) -> tuple[PoolStore, Board]:
         redis_url = os.environ.get("POOL_REDIS_URL", "")
         if not redis_url:
             self.redis = RedisServer(self.workdir, bundled=True)  # known before it starts: always stopped
             self.redis.start()
             redis_url = self.redis.url
         settings = demo_settings(self.opts, self.workdir, redis_url)
-        store, kanban = PoolStore.from_settings(settings), KanbanBoard(settings.board_url)
+        store, kanban = PoolStore.from_settings(settings), open_board(settings)
         store.migrate()
         kanban.migrate()
         for i in range(self.opts.tasks - self.opts.poison):
@@ -186,7 +188,7 @@ class Demo:
         if self.redis is not None:
             self.redis.stop()
 
-    def _watch(self, store: PoolStore, kanban: KanbanBoard, started: float) -> bool:
+    def _watch(self, store: PoolStore, kanban: Board, started: float) -> bool:
         with Live(console=self.console, refresh_per_second=4, transient=False) as live:
             while True:
                 snap = snapshot(store, kanban)
@@ -199,7 +201,7 @@ class Demo:
                 self.procs = supervise(self.procs, self.env, self.workdir)  # a supervisor's job
                 time.sleep(0.5)
 
-    def _abandon_stuck(self, store: PoolStore, kanban: KanbanBoard) -> None:
+    def _abandon_stuck(self, store: PoolStore, kanban: Board) -> None:
         """What an operator does with a quarantined row that holds its ordinal: ``poolctl abandon``."""
         live = {state.value for state in LIVE_STATES}
         with store.session(readonly=True) as s:
@@ -212,7 +214,7 @@ class Demo:
                 continue  # busy, or settled meanwhile: looked at again next round
             self.abandoned.append((row.id, f"{row.board}/{row.task_id}", error))
 
-    def _summary(self, store: PoolStore, kanban: KanbanBoard, finished: bool, seconds: float) -> int:
+    def _summary(self, store: PoolStore, kanban: Board, finished: bool, seconds: float) -> int:
         snap = snapshot(store, kanban)
         problems = check_invariants(store, kanban, self.env["POOL_ASSIGNEE"])
         assert self.pool is not None
@@ -263,7 +265,7 @@ def prepare_workdir(path: Path) -> None:
         (path / name).unlink()
 
 
-def snapshot(store: PoolStore, kanban: KanbanBoard) -> dict[str, Any]:
+def snapshot(store: PoolStore, kanban: Board) -> dict[str, Any]:
     """What the progress display and the end condition look at."""
     board = kanban.counts_by_status()
     with store.session(readonly=True) as s:
@@ -296,7 +298,7 @@ def progress_table(snap: dict[str, Any], elapsed: float) -> Table:
     return table
 
 
-def check_invariants(store: PoolStore, kanban: KanbanBoard, assignee: str) -> dict[str, int]:
+def check_invariants(store: PoolStore, kanban: Board, assignee: str) -> dict[str, int]:
     """Every claimed run accounted for, one live row per ordinal, every done run finalized."""
     runs = kanban.pool_runs(assignee)
     with store.session(readonly=True) as s:

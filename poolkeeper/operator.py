@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from board import Board, BoardTask, KanbanBoard
+from board import Board, BoardTask
 from core.errors import InvalidInput, LineageLive, TransientError
 from store import PoolStore, audit, lineage, rows, transitions
 from store.models import LIVE_STATES, TERMINAL_STATES, EventKind, RowState
@@ -42,7 +42,7 @@ class Abandoned:
     reason: str
 
 
-def cancel(kanban: KanbanBoard, store: PoolStore, board: str, task_id: str, now: float) -> Cancelled:
+def cancel(kanban: Board, store: PoolStore, board: str, task_id: str, now: float) -> Cancelled:
     """Cancel the task on the board, then make its run's live row ``stale``.
 
     A busy board raises ``TransientError`` with nothing changed. A busy store

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from board import KanbanBoard
+from board import Board
 from core.settings import Settings
 from store import PoolStore, numbers
 from store.models import LIVE_STATES, TERMINAL_STATES
@@ -31,7 +31,7 @@ def redis_reader(settings: Settings) -> tuple[redis.Redis | None, str]:
 
 def snapshot(
     store: PoolStore,
-    kanban: KanbanBoard,
+    kanban: Board,
     settings: Settings,
     client: redis.Redis | None,
     now: float,

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from core import db, validate
 from core.errors import CorruptRow, InvalidInput, PoolError
 from core.retry import RetryPolicy
-from core.settings import Settings
+from core.settings import Settings, default
 from store import audit, lineage, transitions, worker
 from store.envelope import Envelope
 from store.lineage import Child
@@ -36,10 +36,10 @@ class PoolStore:
         self,
         url: str,
         *,
-        pool_size: int = 3,
-        lease_seconds: float = 90.0,
-        max_attempts: int = 3,
-        lineage_max_depth: int = 32,
+        pool_size: int = default("pool_size"),
+        lease_seconds: float = default("lease_seconds"),
+        max_attempts: int = default("max_attempts"),
+        lineage_max_depth: int = default("lineage_max_depth"),
         engine: Engine | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:

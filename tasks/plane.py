@@ -39,7 +39,7 @@ from typing import Protocol
 
 import redis
 
-from board import Board, KanbanBoard, open_board
+from board import Board, open_board, with_faults
 from core.db import mask_url
 from core.errors import ConfigError, TransientError, Unavailable
 from core.settings import Settings
@@ -426,14 +426,14 @@ class Plane:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, store: PoolStore | None = None, kanban: KanbanBoard | None = None
+        cls, settings: Settings, store: PoolStore | None = None, kanban: Board | None = None
     ) -> Plane:
         """The plane on ``settings``, on the store and board given (else opened from the settings).
 
         A Redis URL that cannot work is a ``ConfigError``; nothing connects yet.
         """
         store = store or PoolStore.from_settings(settings)
-        return cls(settings, store, open_board(settings, kanban), coordination(settings))
+        return cls(settings, store, with_faults(kanban or open_board(settings), settings), coordination(settings))
 
 
 def coordination(settings: Settings) -> Coordination:
@@ -480,11 +480,16 @@ def worker_redis_url(settings: Settings) -> str:
 def check_ready(settings: Settings) -> None:
     """The store and the board answer and are migrated to head: else ``ConfigError`` (a setting
     or ``poolctl init`` is missing) or ``TransientError``/``Unavailable`` (worth waiting for)."""
-    for target in (PoolStore.from_settings(settings), KanbanBoard(settings.board_url)):
-        try:
-            target.require_schema(writable=True)
-        finally:
-            target.engine.dispose()
+    store = PoolStore.from_settings(settings)
+    try:
+        store.require_schema(writable=True)
+    finally:
+        store.engine.dispose()
+    board = open_board(settings)
+    try:
+        board.require_schema(writable=True)
+    finally:
+        board.close()
 
 
 def current() -> Plane:

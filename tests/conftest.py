@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
-from board import KanbanBoard
+from board import Board, open_board
+from board.kanban import KanbanBoard
 from board.schema import metadata as board_metadata
 from core.settings import Settings
 from core.validate import canonical_json, sha256
@@ -103,11 +104,23 @@ def store(settings: Settings) -> Iterator[PoolStore]:
 
 
 @pytest.fixture
-def kanban(settings: Settings) -> Iterator[KanbanBoard]:
-    kb = KanbanBoard(settings.board_url)
+def kanban(settings: Settings) -> Iterator[Board]:
+    """The board at ``settings.board_url``, migrated (the built-in Kanban: the URL is a database)."""
+    kb = open_board(settings)
     kb.migrate()
     yield kb
-    kb.engine.dispose()
+    kb.close()
+
+
+@pytest.fixture
+def engine_of() -> Callable[[Board], Engine]:
+    """The database engine under a built-in Kanban board, for tests that write past the ``Board`` API."""
+
+    def engine(board: Board) -> Engine:
+        assert isinstance(board, KanbanBoard), f"{board!r} is not the built-in Kanban"
+        return board.engine
+
+    return engine
 
 
 @pytest.fixture
@@ -156,5 +169,5 @@ def make_row(store: PoolStore) -> RowFactory:
 
 
 @pytest.fixture
-def plane(settings: Settings, store: PoolStore, kanban: KanbanBoard) -> Iterator[Plane]:
+def plane(settings: Settings, store: PoolStore, kanban: Board) -> Iterator[Plane]:
     yield Plane(settings, store, kanban, LocalCoordination())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from selenium.webdriver.common.by import By
 
-from board import KanbanBoard
+from board import Board, open_board
 from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.embedded import RedisServer, ServeProc, wait_for
@@ -39,7 +39,7 @@ TITLES = [
 ]
 
 
-def seed(settings: Settings, store: PoolStore, kanban: KanbanBoard, redis: RedisServer) -> int:
+def seed(settings: Settings, store: PoolStore, kanban: Board, redis: RedisServer) -> int:
     """The pool as an operator might find it; returns the quarantined row's id."""
     for i, title in enumerate(TITLES):
         kanban.add_task("payments", title, task_id=f"pay-{i + 1:03d}")
@@ -76,7 +76,7 @@ def main(outdir: Path) -> None:
             pool_size=4,
             quarantine_after=3,
         )
-        store, kanban = PoolStore.from_settings(settings), KanbanBoard(settings.board_url)
+        store, kanban = PoolStore.from_settings(settings), open_board(settings)
         store.migrate()
         kanban.migrate()
         row = seed(settings, store, kanban, redis)
@@ -104,7 +104,7 @@ def main(outdir: Path) -> None:
             serve.stop()
             redis.stop()
             store.engine.dispose()
-            kanban.engine.dispose()
+            kanban.close()
 
 
 if __name__ == "__main__":

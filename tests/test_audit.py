@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import text
 
-from board import KanbanBoard
+from board import Board
 from core.errors import DuplicateIdentity, InvalidInput, LostRace, NotFound, OrdinalTaken, PoolError
 from core.retry import RetryPolicy
 from poolkeeper import operator
@@ -228,7 +228,7 @@ def test_retiring_children_is_one_event_per_run_that_had_any(store: PoolStore) -
 
 
 def test_passes_and_operator_write_attributed_events_of_the_most_specific_kind(
-    plane: Plane, kanban: KanbanBoard, store: PoolStore
+    plane: Plane, kanban: Board, store: PoolStore
 ) -> None:
     for i in range(3):
         kanban.add_task("b", f"task {i}", task_id=f"t{i}")
@@ -417,6 +417,7 @@ class TrailMachine(RuleBasedStateMachine):
     def deliver(self, data: st.DataObject, release: bool) -> None:
         offer = data.draw(st.sampled_from(sorted(self.offers.values(), key=lambda o: o.row_id)))
         self.runs += 1
+        got: str
         try:
             if release:
                 got = self.store.release(envelope(offer, f"d{self.runs}"), now=self.now)

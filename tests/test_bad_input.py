@@ -133,10 +133,12 @@ COLUMN_LIMITS = [("run_id", INT64_MAX), ("attempt", INT32_MAX), ("fence", INT64_
 def test_integers_are_bounded_by_their_column(store: PoolStore, field: str, limit: int) -> None:
     offer = given_running(store)
     before = _snapshot(store)
+    at_limit: dict[str, Any] = {field: limit}
+    past_limit: dict[str, Any] = {field: limit + 1}
     with pytest.raises((StaleHolder, NotFound)):
-        store.heartbeat(envelope(offer, **{field: limit}), now=NOW)
+        store.heartbeat(envelope(offer, **at_limit), now=NOW)
     with pytest.raises(InvalidInput, match=f"{field}: must be between 1 and {limit}"):
-        store.heartbeat(envelope(offer, **{field: limit + 1}), now=NOW)
+        store.heartbeat(envelope(offer, **past_limit), now=NOW)
     assert _snapshot(store) == before
 
 
@@ -145,7 +147,7 @@ def test_add_run_bounds_the_run_id_by_its_column(store: PoolStore) -> None:
     before = _snapshot(store)
     for bad in (INT64_MAX + 1, True):
         with pytest.raises(InvalidInput, match="run_id"):
-            store.add_run(board="b", task_id="u", run_id=bad, ordinal=1, payload={}, now=NOW)  # type: ignore[arg-type]
+            store.add_run(board="b", task_id="u", run_id=bad, ordinal=1, payload={}, now=NOW)
     assert _snapshot(store) == before
 
 

@@ -11,16 +11,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import Engine, event, text
 
-from board import FlakyBoard, KanbanBoard, TaskStatus
+from board import Board, FlakyBoard, TaskStatus, open_board
 from board.faults import PoisonedTask
-from core.errors import InvalidInput, NotFound, TransientError
+from core.errors import InvalidInput, NotFound, TransientError, UnusableURL
 from core.settings import Settings
 from core.validate import INT32_MAX, INT64_MAX
 
 
-def test_operator_moves_name_what_was_wrong(kanban: KanbanBoard) -> None:
+def test_operator_moves_name_what_was_wrong(kanban: Board) -> None:
     kanban.add_task("b", "x", task_id="t1")
     with pytest.raises(NotFound, match="b/nope"):
         kanban.cancel_task("b", "nope")
@@ -33,18 +33,20 @@ def test_operator_moves_name_what_was_wrong(kanban: KanbanBoard) -> None:
     assert [t.id for t in kanban.list_tasks()] == ["t1"]
 
 
-def test_locked_board_database_is_a_transient_error(tmp_path: object) -> None:
+def test_locked_board_database_is_a_transient_error(
+    tmp_path: object, engine_of: Callable[[Board], Engine]
+) -> None:
     path = f"{tmp_path}/board.db"
-    kanban = KanbanBoard(f"sqlite:///{path}")
+    kanban = open_board(Settings(board_url=f"sqlite:///{path}"))
     kanban.migrate()
     kanban.add_task("b", "x", task_id="t1")
     blocker = sqlite3.connect(path, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
     try:
-        kanban.engine.dispose()
+        kanban.close()
         from sqlalchemy import event
 
-        @event.listens_for(kanban.engine, "connect")
+        @event.listens_for(engine_of(kanban), "connect")
         def short_timeout(conn: sqlite3.Connection, _rec: object) -> None:
             conn.execute("PRAGMA busy_timeout=50")
 
@@ -56,7 +58,7 @@ def test_locked_board_database_is_a_transient_error(tmp_path: object) -> None:
     assert len(kanban.claim_ready(1, assignee="pool", lane="pool")) == 1
 
 
-def test_flaky_board_fails_poisoned_tasks_every_time(kanban: KanbanBoard) -> None:
+def test_flaky_board_fails_poisoned_tasks_every_time(kanban: Board) -> None:
     kanban.add_task("b", "x", task_id="bad")
     flaky = FlakyBoard(kanban, poison=frozenset({"bad"}))
     for _ in range(3):
@@ -65,16 +67,18 @@ def test_flaky_board_fails_poisoned_tasks_every_time(kanban: KanbanBoard) -> Non
     assert flaky.list_boards() == ["b"]
 
 
-def test_an_operator_move_that_lost_a_race_changes_nothing(settings: Settings, kanban: KanbanBoard) -> None:
+def test_an_operator_move_that_lost_a_race_changes_nothing(
+    settings: Settings, kanban: Board, engine_of: Callable[[Board], Engine]
+) -> None:
     """Between the move's read and its guarded write another writer moves the task: refused, not blind."""
     if not settings.board_url.startswith("postgresql"):
         pytest.skip("SQLite's BEGIN IMMEDIATE already keeps every other writer out of the move")
     kanban.add_task("b", "x", task_id="t1")
     kanban.claim_ready(1, assignee="pool", lane="pool")
-    other = KanbanBoard(settings.board_url)
+    other = open_board(settings)
     fired: list[bool] = []
 
-    @event.listens_for(kanban.engine, "before_cursor_execute")
+    @event.listens_for(engine_of(kanban), "before_cursor_execute")
     def sneak_in(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if statement.startswith("UPDATE tasks") and not fired:
             fired.append(True)
@@ -82,27 +86,28 @@ def test_an_operator_move_that_lost_a_race_changes_nothing(settings: Settings, k
 
     with pytest.raises(TransientError, match="changed concurrently"):
         kanban.reassign_task("b", "t1", assignee="alice", lane="humans")
-    event.remove(kanban.engine, "before_cursor_execute", sneak_in)
+    event.remove(engine_of(kanban), "before_cursor_execute", sneak_in)
     assert fired, "the other writer got in"
     task = kanban.get_task("b", "t1")
     assert task is not None and task.status is TaskStatus.DONE and task.lane == "pool"
-    other.engine.dispose()
+    other.close()
 
 
 def test_one_task_that_cannot_be_claimed_never_stops_the_others(
-    kanban: KanbanBoard, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    kanban: Board, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Its savepoint rolls back, it stays ready as it was, it is reported once; the rest are claimed."""
     for task_id in ("bad", "t1", "t2"):  # "bad" is the oldest: first in line every time
         kanban.add_task("b", task_id, task_id=task_id)
-    open_run = KanbanBoard._open_run
+    kanban_class = type(kanban)  # the built-in Kanban's own savepoint, so its private helper
+    open_run = kanban_class._open_run  # type: ignore[attr-defined]
 
     def failing_open_run(conn: Any, board: str, task_id: str, *args: Any) -> None:
         open_run(conn, board, task_id, *args)
         if task_id == "bad":  # the same run row twice: a real IntegrityError after the task's UPDATE
             open_run(conn, board, task_id, *args)
 
-    monkeypatch.setattr(KanbanBoard, "_open_run", staticmethod(failing_open_run))
+    monkeypatch.setattr(kanban_class, "_open_run", staticmethod(failing_open_run))
     caplog.set_level(logging.ERROR, "poolkeeper.board")
     assert [c.task_id for c in kanban.claim_ready(1, assignee="pool", lane="pool")] == ["t1"]
     assert [c.task_id for c in kanban.claim_ready(5, assignee="pool", lane="pool")] == ["t2"]
@@ -113,10 +118,12 @@ def test_one_task_that_cannot_be_claimed_never_stops_the_others(
     assert len(reports) == 1 and "IntegrityError" in reports[0], reports
 
 
-def test_a_run_id_past_its_column_is_never_minted(kanban: KanbanBoard) -> None:
+def test_a_run_id_past_its_column_is_never_minted(
+    kanban: Board, engine_of: Callable[[Board], Engine]
+) -> None:
     kanban.add_task("b", "worn out", task_id="old")
     kanban.add_task("b", "fresh", task_id="new")
-    with kanban.engine.begin() as conn:
+    with engine_of(kanban).begin() as conn:
         conn.execute(text("UPDATE tasks SET current_run_id = :v WHERE id = 'old'"), {"v": INT64_MAX})
     claims = kanban.claim_ready(1, assignee="pool", lane="pool")
     assert [(c.task_id, c.run_id) for c in claims] == [("new", 1)]
@@ -136,7 +143,7 @@ def test_a_run_id_past_its_column_is_never_minted(kanban: KanbanBoard) -> None:
     ],
 )
 def test_integers_past_their_column_are_refused_by_name(
-    kanban: KanbanBoard, call: Callable[[KanbanBoard], object], field: str
+    kanban: Board, call: Callable[[Board], object], field: str
 ) -> None:
     kanban.add_task("b", "x", task_id="t1")
     kanban.claim_ready(1, assignee="pool", lane="pool")
@@ -147,13 +154,13 @@ def test_integers_past_their_column_are_refused_by_name(
 
 
 def test_a_corrupt_result_is_read_as_none_for_that_task_alone(
-    kanban: KanbanBoard, caplog: pytest.LogCaptureFixture
+    kanban: Board, engine_of: Callable[[Board], Engine], caplog: pytest.LogCaptureFixture
 ) -> None:
     for task_id in ("t1", "t2", "t3"):
         kanban.add_task("b", task_id, task_id=task_id)
     kanban.claim_ready(3, assignee="pool", lane="pool")
     deep = "[" * 100_000 + "]" * 100_000
-    with kanban.engine.begin() as conn:
+    with engine_of(kanban).begin() as conn:
         conn.execute(text("UPDATE tasks SET result = '{broken' WHERE id = 't1'"))
         conn.execute(text("UPDATE tasks SET result = :deep WHERE id = 't2'"), {"deep": deep})
         conn.execute(text("UPDATE tasks SET result = :ok WHERE id = 't3'"), {"ok": '{"fine":true}'})
@@ -171,3 +178,24 @@ def test_a_corrupt_result_is_read_as_none_for_that_task_alone(
     assert len(reports) == 2, reports  # one per task, however often it is read
     assert "b/t1" in reports[0] and "JSONDecodeError" in reports[0]
     assert "b/t2" in reports[1] and "RecursionError" in reports[1]
+
+
+@pytest.mark.parametrize(
+    ("url", "got"),
+    [
+        ("http://board.example/api", "scheme 'http:'"),
+        ("garbage", "no scheme"),
+        ("mysql://x@h/db", "scheme 'mysql:'"),
+    ],
+)
+def test_the_board_url_scheme_picks_a_backend_or_names_the_known_ones(url: str, got: str) -> None:
+    with pytest.raises(UnusableURL) as err:
+        open_board(Settings(board_url=url))
+    message = str(err.value)
+    assert message.startswith("POOL_BOARD_URL: ") and "postgresql:, sqlite:" in message and got in message
+    assert "\n" not in message and "example" not in message  # one line; the URL is not echoed
+
+
+def test_a_database_scheme_the_driver_cannot_open_names_the_variable() -> None:
+    with pytest.raises(UnusableURL, match=r"^POOL_BOARD_URL: not a database URL"):
+        open_board(Settings(board_url="sqlite+nosuchdriver:///x.db"))

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from board import KanbanBoard
+from board import open_board
+from core.settings import Settings
 from poolkeeper.embedded import RedisServer, wait_for
 from store import PoolStore
 
@@ -214,10 +215,11 @@ def test_a_pool_smaller_than_its_poisoned_tasks_settles_and_leaves_no_temp_files
 def test_demo_reuses_a_workdir_a_demo_left_behind(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     workdir.mkdir()
-    previous = KanbanBoard(f"sqlite:///{workdir}/board.db")  # a previous demo's board: its task ids are taken
+    # a previous demo's board: its task ids are taken
+    previous = open_board(Settings(board_url=f"sqlite:///{workdir}/board.db"))
     previous.migrate()
     previous.add_task("demo", "demo task 0", task_id="task-0000")
-    previous.engine.dispose()
+    previous.close()
     (workdir / "worker.log").write_text("an old log\n")
     args = ("demo", "--tasks", "3", "--poison", "0", "--pool-size", "2", "--timeout", "240")
     done = poolctl(tmp_path, *args, "--workdir", str(workdir), env={"POOL_REDIS_URL": ""})
@@ -274,7 +276,7 @@ def test_two_demos_on_one_redis_keep_to_their_own_namespace(tmp_path: Path) -> N
     try:
 
         def finished() -> bool:
-            seen.update(k.decode() for k in client.keys("*"))
+            seen.update(k.decode() if isinstance(k, bytes) else k for k in client.keys("*"))
             return all(d.poll() is not None for d in demos.values())
 
         wait_for("both demos to finish", finished, 300, every=0.2)

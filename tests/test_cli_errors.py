@@ -21,7 +21,7 @@ import pytest
 import redis
 from sqlalchemy import create_engine, inspect
 
-from board import KanbanBoard
+from board import Board
 from core.errors import ConfigError, InvalidInput, Unavailable
 from core.settings import Settings
 from store import PoolStore
@@ -134,7 +134,10 @@ def test_an_unknown_postgres_database_is_a_configuration_error(tmp_path: Path, p
 
 
 def _write(name: str, data: bytes) -> Callable[[Path], None]:
-    return lambda path: (path / name).write_bytes(data)
+    def write(path: Path) -> None:
+        (path / name).write_bytes(data)
+
+    return write
 
 
 def _truncated(path: Path) -> None:
@@ -158,7 +161,7 @@ CONFIG_CASES = [
     ),
     pytest.param(
         _nothing, {"POOL_BOARD_URL": "garbage"}, ("board", "list"), CONFIG,
-        ("POOL_BOARD_URL", "not a database URL"), id="garbage-board-url",
+        ("POOL_BOARD_URL", "not a board URL"), id="garbage-board-url",
     ),
     pytest.param(
         _nothing, {"POOL_DATABASE_URL": "mysql://u:secret@localhost/db"}, ("status",), CONFIG,
@@ -543,7 +546,7 @@ def test_a_file_that_is_not_a_database_is_a_config_error_the_plane_does_not_retr
     ],
 )
 def test_add_task_refuses_what_the_pool_could_never_serve(
-    kanban: KanbanBoard, title: str, body: str, field: str
+    kanban: Board, title: str, body: str, field: str
 ) -> None:
     with pytest.raises(InvalidInput, match=field):
         kanban.add_task("b", title, body, task_id="t1")

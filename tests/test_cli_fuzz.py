@@ -48,7 +48,7 @@ OPTIONS = [
 ]  # fmt: skip
 words = st.one_of(
     st.sampled_from(OPTIONS),
-    st.sampled_from(["b", "t1", "1", "0", "-1", "pool", "assigned", "done", "running", "{}", '{"a":'] ),
+    st.sampled_from(["b", "t1", "1", "0", "-1", "pool", "assigned", "done", "running", "{}", '{"a":']),
     st.integers(min_value=-(2**70), max_value=2**70).map(str),
     st.text(max_size=40),
     st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3),
@@ -102,7 +102,9 @@ def test_generated_argument_vectors_are_refused_cleanly_and_change_nothing(
         "POOL_CHILD_ID": "run:1/child:" + "0" * 12,
     }.items():
         monkeypatch.setenv(var, value)
-    monkeypatch.setitem(PoolClient.__init__.__kwdefaults__, "tries", 1)  # refused at once: no backoff
+    defaults = PoolClient.__init__.__kwdefaults__
+    assert defaults is not None
+    monkeypatch.setitem(defaults, "tries", 1)  # refused at once: no backoff
     for var in ("POOLCTL_DEBUG", "POOL_SERVER_SECRET", "POOL_SERVER_SECRET_FILE"):
         monkeypatch.delenv(var, raising=False)
 

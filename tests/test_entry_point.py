@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from board import KanbanBoard, TaskStatus
+from board import TaskStatus, open_board
 from core.settings import Settings
 from poolkeeper.embedded import ROOT, CeleryProc, RedisServer, free_port, wait_for
 from poolkeeper.simulate import Faults, SimPool
@@ -50,7 +50,7 @@ def settings(tmp_path: Path, redis_server: RedisServer) -> Settings:
         namespace="entry",
     )
     PoolStore.from_settings(s).migrate()
-    KanbanBoard(s.board_url).migrate()
+    open_board(s).migrate()
     return s
 
 
@@ -182,7 +182,7 @@ def test_worker_logs_summaries_not_messages_and_leaves_no_temp_dirs(
     temp.mkdir()
     port = free_port()
     env = {**settings.env(), "POOL_METRICS_PORT": str(port), "TMPDIR": str(temp)}
-    kanban, store = KanbanBoard(settings.board_url), PoolStore.from_settings(settings)
+    kanban, store = open_board(settings), PoolStore.from_settings(settings)
     for i in range(4):
         kanban.add_task("b", f"task {i}", task_id=f"t{i}")
     worker = CeleryProc("worker", env, tmp_path, "w1")

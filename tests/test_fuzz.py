@@ -222,7 +222,11 @@ def fuzz(store: PoolStore, examples: int) -> Counter[str]:
     fuzzer = Fuzzer(store)
     # The holder's own owner: asking again for its grant changes nothing (a new owner re-grants).
     offer = partial(store.offer, owner=OWNER)
-    calls = {"heartbeat": store.heartbeat, "result": store.accept_result, "offer": offer}
+    calls: dict[str, Callable[..., object]] = {
+        "heartbeat": store.heartbeat,
+        "result": store.accept_result,
+        "offer": offer,
+    }
 
     @settings(
         max_examples=examples,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from board import FlakyBoard, KanbanBoard, TaskStatus
+from board import Board, FlakyBoard, TaskStatus
 from core.errors import InvalidInput, LineageLive, NotFound, StaleHolder, TransientError
 from poolkeeper import operator
 from store import Child, Offer, PoolStore, audit, queries, transitions
@@ -20,7 +20,7 @@ from tasks.plane import Plane
 from tests.factories import NOW, OWNER, envelope, grant, row_state
 
 
-def given_running(store: PoolStore, kanban: KanbanBoard, task_id: str = "t1", ordinal: int = 0) -> Offer:
+def given_running(store: PoolStore, kanban: Board, task_id: str = "t1", ordinal: int = 0) -> Offer:
     """A task claimed from the board, its row on ``ordinal``, taken by that ordinal's worker."""
     kanban.add_task("b", f"task {task_id}", task_id=task_id)
     [claim] = kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
@@ -44,7 +44,7 @@ def given_quarantined(store: PoolStore, row_id: int) -> None:
 
 
 def test_cancel_of_a_running_task_fences_its_worker_out_at_once(
-    store: PoolStore, kanban: KanbanBoard, plane: Plane
+    store: PoolStore, kanban: Board, plane: Plane
 ) -> None:
     offer = given_running(store, kanban)
     got = operator.cancel(kanban, store, "b", "t1", NOW)
@@ -62,16 +62,14 @@ def test_cancel_of_a_running_task_fences_its_worker_out_at_once(
         assert queries.free_ordinals(s, store.pool_size) == [0, 1, 2]
 
 
-def test_cancel_of_a_task_with_no_live_row_changes_only_the_board(
-    store: PoolStore, kanban: KanbanBoard
-) -> None:
+def test_cancel_of_a_task_with_no_live_row_changes_only_the_board(store: PoolStore, kanban: Board) -> None:
     kanban.add_task("b", "ready one", task_id="t1")
     got = operator.cancel(kanban, store, "b", "t1", NOW)
     assert got.settled is None and got.task.status is TaskStatus.DONE
 
 
 def test_cancel_leaves_the_row_to_reconcile_when_the_store_is_busy(
-    store: PoolStore, kanban: KanbanBoard, monkeypatch: pytest.MonkeyPatch
+    store: PoolStore, kanban: Board, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     offer = given_running(store, kanban)
 
@@ -85,9 +83,7 @@ def test_cancel_leaves_the_row_to_reconcile_when_the_store_is_busy(
     assert row_state(store, offer.row_id)["state"] == "running"
 
 
-def test_settle_run_touches_only_the_exact_run_in_the_given_states(
-    store: PoolStore, kanban: KanbanBoard
-) -> None:
+def test_settle_run_touches_only_the_exact_run_in_the_given_states(store: PoolStore, kanban: Board) -> None:
     offer = given_running(store, kanban)
     with store.session() as s:
         assert (
@@ -121,7 +117,7 @@ def test_settle_run_touches_only_the_exact_run_in_the_given_states(
 
 
 def test_abandon_parks_the_exact_run_frees_the_ordinal_and_fences_the_holder(
-    store: PoolStore, kanban: KanbanBoard, caplog: pytest.LogCaptureFixture
+    store: PoolStore, kanban: Board, caplog: pytest.LogCaptureFixture
 ) -> None:
     offer = given_running(store, kanban)
     assert store.accept_result(envelope(offer, payload={"status": "done"}), now=NOW) == "applied"
@@ -144,7 +140,7 @@ def test_abandon_parks_the_exact_run_frees_the_ordinal_and_fences_the_holder(
     assert line == f"abandon: row {offer.row_id} b/t1 run 1 (result): abandoned by operator: poisoned result"
 
 
-def test_abandon_settles_a_run_the_board_already_moved_on(store: PoolStore, kanban: KanbanBoard) -> None:
+def test_abandon_settles_a_run_the_board_already_moved_on(store: PoolStore, kanban: Board) -> None:
     offer = given_running(store, kanban)
     kanban.reassign_task("b", "t1", assignee="someone", lane="humans")  # run 2 now; run 1 moved on
     got = operator.abandon(kanban, store, offer.row_id, "gone", NOW)
@@ -158,7 +154,7 @@ def test_abandon_settles_a_run_the_board_already_moved_on(store: PoolStore, kanb
         store.heartbeat(envelope(offer, "late"), now=NOW + 1)
 
 
-def test_abandon_changes_nothing_while_the_board_is_busy(store: PoolStore, kanban: KanbanBoard) -> None:
+def test_abandon_changes_nothing_while_the_board_is_busy(store: PoolStore, kanban: Board) -> None:
     offer = given_running(store, kanban)
     busy = FlakyBoard(kanban, busy_rate=1.0)
     with pytest.raises(TransientError, match="board"):
@@ -170,7 +166,7 @@ def test_abandon_changes_nothing_while_the_board_is_busy(store: PoolStore, kanba
 
 @pytest.mark.parametrize("state", [RowState.FINALIZED, RowState.STALE])
 def test_abandon_refuses_a_settled_row(
-    store: PoolStore, kanban: KanbanBoard, make_row: object, state: RowState
+    store: PoolStore, kanban: Board, make_row: object, state: RowState
 ) -> None:
     row = make_row(state)  # type: ignore[operator]
     with pytest.raises(InvalidInput, match=f"row {row} is {state.value}: a settled row is never abandoned"):
@@ -178,7 +174,7 @@ def test_abandon_refuses_a_settled_row(
     assert row_state(store, row)["state"] == state.value
 
 
-def test_abandon_refuses_an_unknown_row_or_an_empty_reason(store: PoolStore, kanban: KanbanBoard) -> None:
+def test_abandon_refuses_an_unknown_row_or_an_empty_reason(store: PoolStore, kanban: Board) -> None:
     with pytest.raises(NotFound, match="row 42: no such row"):
         operator.abandon(kanban, store, 42, "x", NOW)
     offer = given_running(store, kanban)
@@ -187,7 +183,7 @@ def test_abandon_refuses_an_unknown_row_or_an_empty_reason(store: PoolStore, kan
     assert row_state(store, offer.row_id)["state"] == "running"
 
 
-def _snapshot(store: PoolStore, kanban: KanbanBoard) -> tuple[object, ...]:
+def _snapshot(store: PoolStore, kanban: Board) -> tuple[object, ...]:
     with store.session(readonly=True) as s:
         rows = s.execute(text("SELECT * FROM assignments ORDER BY id")).all()
         kids = s.execute(text("SELECT * FROM child_executions ORDER BY id")).all()
@@ -196,7 +192,7 @@ def _snapshot(store: PoolStore, kanban: KanbanBoard) -> tuple[object, ...]:
 
 @pytest.mark.parametrize("status", ["registered", "running"])
 def test_abandon_is_refused_while_a_child_is_live_and_changes_nothing(
-    store: PoolStore, kanban: KanbanBoard, status: str
+    store: PoolStore, kanban: Board, status: str
 ) -> None:
     offer = given_running(store, kanban)
     child = store.register_child(grant(offer), now=NOW)
@@ -210,9 +206,7 @@ def test_abandon_is_refused_while_a_child_is_live_and_changes_nothing(
     assert store.child_heartbeat(child.token(), now=NOW + 1) == "applied"
 
 
-def test_abandon_discards_unknown_children_never_replaying_them(
-    store: PoolStore, kanban: KanbanBoard
-) -> None:
+def test_abandon_discards_unknown_children_never_replaying_them(store: PoolStore, kanban: Board) -> None:
     offer = given_running(store, kanban)
     lost = store.register_child(grant(offer), now=NOW)
     assert store.child_vanished(grant(offer, child_id=lost.id), now=NOW) == 1
@@ -231,7 +225,7 @@ def test_abandon_discards_unknown_children_never_replaying_them(
 
 
 def test_a_child_registered_during_abandon_stops_it_before_the_store_changes(
-    store: PoolStore, kanban: KanbanBoard
+    store: PoolStore, kanban: Board
 ) -> None:
     offer = given_running(store, kanban)
     registered: list[Child] = []
@@ -247,7 +241,7 @@ def test_a_child_registered_during_abandon_stops_it_before_the_store_changes(
     assert store.child_heartbeat(registered[0].token(), now=NOW + 1) == "applied"
 
 
-def test_ordinals_gauge_tells_free_held_and_quarantined(store: PoolStore, kanban: KanbanBoard) -> None:
+def test_ordinals_gauge_tells_free_held_and_quarantined(store: PoolStore, kanban: Board) -> None:
     first = given_running(store, kanban, "t1", 0)
     given_running(store, kanban, "t2", 1)
     given_quarantined(store, first.row_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,13 +12,13 @@ from celery.exceptions import SoftTimeLimitExceeded
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
-from board import FlakyBoard, KanbanBoard, TaskStatus
+from board import Board, FlakyBoard, TaskStatus
 from core import db
 from core.errors import CorruptRow, TransientError
 from core.isolate import isolate
-from store import PoolStore, audit, queries, transitions
+from store import PoolStore, audit, bookkeeping, queries, transitions
 from store.models import RowState
 from tasks import failures, registry, runner
 from tasks.maintain import maintain_once
@@ -31,7 +31,7 @@ def dispatched(plane: Plane) -> list[dict[str, Any]]:
     return scanned(plane, "materialize").get("materialize", [])
 
 
-def claimed(plane: Plane, kanban: KanbanBoard, n: int = 1, board: str = "b") -> list[int]:
+def claimed(plane: Plane, kanban: Board, n: int = 1, board: str = "b") -> list[int]:
     """Given n tasks claimed by dispatch and materialized: their row ids."""
     for i in range(n):
         kanban.add_task(board, f"task {i}", task_id=f"{board}{i}")
@@ -41,7 +41,7 @@ def claimed(plane: Plane, kanban: KanbanBoard, n: int = 1, board: str = "b") -> 
         return [r.id for r in queries.rows(s)][-n:]
 
 
-def running_row(plane: Plane, kanban: KanbanBoard) -> int:
+def running_row(plane: Plane, kanban: Board) -> int:
     [row] = claimed(plane, kanban)
     ordinal = row_state(plane.store, row)["ordinal"]
     assert plane.store.offer(ordinal, owner=OWNER, now=NOW) is not None
@@ -55,7 +55,7 @@ def past_lease(plane: Plane) -> float:
 # --- dispatch and materialize ---------------------------------------------------
 
 
-def test_dispatch_claims_no_more_than_free_ordinals(plane: Plane, kanban: KanbanBoard) -> None:
+def test_dispatch_claims_no_more_than_free_ordinals(plane: Plane, kanban: Board) -> None:
     for i in range(5):
         kanban.add_task("b", f"t{i}", task_id=f"t{i}")
     claims = dispatched(plane)
@@ -65,17 +65,17 @@ def test_dispatch_claims_no_more_than_free_ordinals(plane: Plane, kanban: Kanban
 
 
 def test_dispatch_surfaces_a_programming_error(plane: Plane) -> None:
-    class ChangedBoard(KanbanBoard):
+    class ChangedBoard(FlakyBoard):
         def claim_ready(self, *args: Any, **kwargs: Any) -> Any:
             raise AttributeError("claim_ready() got an unexpected keyword 'lane'")
 
-    plane.board = ChangedBoard(plane.settings.board_url)
+    plane.board = ChangedBoard(plane.board)
     with pytest.raises(AttributeError):
         dispatched(plane)
     assert plane.coord.reserve(range(3)) == [0, 1, 2], "reservations were released"
 
 
-def test_dispatch_absorbs_a_busy_board(plane: Plane, kanban: KanbanBoard) -> None:
+def test_dispatch_absorbs_a_busy_board(plane: Plane, kanban: Board) -> None:
     kanban.add_task("b", "t", task_id="t")
     plane.board = FlakyBoard(kanban, busy_rate=0.999999)
     assert dispatched(plane) == []
@@ -96,7 +96,8 @@ def test_dispatch_absorbs_a_busy_board(plane: Plane, kanban: KanbanBoard) -> Non
 )
 def test_materialize_parks_only_runs_that_cannot_be_served(
     plane: Plane,
-    kanban: KanbanBoard,
+    kanban: Board,
+    engine_of: Callable[[Board], Engine],
     body: str,
     lane: str,
     outcome: str,
@@ -104,7 +105,7 @@ def test_materialize_parks_only_runs_that_cannot_be_served(
     kind: str | None,
 ) -> None:
     kanban.add_task("b", "t", task_id="t", lane=lane)
-    with kanban.engine.begin() as conn:  # another writer stores a body that add_task refuses
+    with engine_of(kanban).begin() as conn:  # another writer stores a body that add_task refuses
         conn.execute(text("UPDATE tasks SET body = :body WHERE id = 't'"), {"body": body})
     [claim] = dispatched(plane)
     assert runner.run_key(plane, "materialize", claim, NOW) == outcome
@@ -115,7 +116,7 @@ def test_materialize_parks_only_runs_that_cannot_be_served(
 
 
 def test_materialize_of_a_vanished_moved_or_duplicate_claim_changes_nothing(
-    plane: Plane, kanban: KanbanBoard
+    plane: Plane, kanban: Board
 ) -> None:
     for t in ("gone", "moved", "dup"):
         kanban.add_task("b", t, task_id=t)
@@ -130,7 +131,7 @@ def test_materialize_of_a_vanished_moved_or_duplicate_claim_changes_nothing(
 
 
 def test_materialize_never_calls_a_claim_whose_identity_already_ended_a_duplicate(
-    plane: Plane, kanban: KanbanBoard, make_row: RowFactory
+    plane: Plane, kanban: Board, make_row: RowFactory
 ) -> None:
     kanban.add_task("b", "x", task_id="t")
     [claim] = dispatched(plane)
@@ -144,7 +145,7 @@ def test_materialize_never_calls_a_claim_whose_identity_already_ended_a_duplicat
 
 
 def test_materialize_on_a_taken_ordinal_is_deferred_without_touching_the_board(
-    plane: Plane, kanban: KanbanBoard
+    plane: Plane, kanban: Board
 ) -> None:
     [row] = claimed(plane, kanban)
     kanban.add_task("b", "late", task_id="late")
@@ -156,7 +157,7 @@ def test_materialize_on_a_taken_ordinal_is_deferred_without_touching_the_board(
 
 
 def test_a_claim_whose_lock_is_busy_gives_its_reservation_back_and_changes_nothing(
-    plane: Plane, kanban: KanbanBoard
+    plane: Plane, kanban: Board
 ) -> None:
     # Given a claim on its reserved ordinal whose lock another (dead or duplicate) holder has
     kanban.add_task("b", "t", task_id="t")
@@ -170,7 +171,7 @@ def test_a_claim_whose_lock_is_busy_gives_its_reservation_back_and_changes_nothi
 
 
 def test_an_unreadable_row_is_seen_by_the_operator_and_freed_by_the_boards_word(
-    plane: Plane, kanban: KanbanBoard
+    plane: Plane, kanban: Board
 ) -> None:
     [row] = claimed(plane, kanban)
     with plane.store.session() as s:
@@ -188,7 +189,7 @@ def test_an_unreadable_row_is_seen_by_the_operator_and_freed_by_the_boards_word(
 # --- expire ----------------------------------------------------------------------
 
 
-def test_expire_reoffers_then_fails_after_the_last_attempt(plane: Plane, kanban: KanbanBoard) -> None:
+def test_expire_reoffers_then_fails_after_the_last_attempt(plane: Plane, kanban: Board) -> None:
     row = running_row(plane, kanban)
     t = NOW
     for attempt in range(1, plane.settings.max_attempts + 1):
@@ -201,7 +202,7 @@ def test_expire_reoffers_then_fails_after_the_last_attempt(plane: Plane, kanban:
     assert got["state"] == "lease_failed" and got["attempt"] == plane.settings.max_attempts
 
 
-def test_expire_leaves_a_live_lease_alone(plane: Plane, kanban: KanbanBoard) -> None:
+def test_expire_leaves_a_live_lease_alone(plane: Plane, kanban: Board) -> None:
     row = running_row(plane, kanban)
     lease_until = row_state(plane.store, row)["lease_until"]
     assert runner.run_key(plane, "expire", row, lease_until) == "lost_race"
@@ -228,14 +229,14 @@ def test_the_expire_scanner_finds_every_due_row_while_workers_finish_earlier_pag
 # --- recover lease failure -------------------------------------------------------
 
 
-def lease_failed_row(plane: Plane, kanban: KanbanBoard) -> int:
+def lease_failed_row(plane: Plane, kanban: Board) -> int:
     row = running_row(plane, kanban)
     with plane.store.session() as s:
         s.execute(text("UPDATE assignments SET state='lease_failed', attempt=3 WHERE id=:i"), {"i": row})
     return row
 
 
-def test_lease_failure_parks_the_exact_run_then_finalizes(plane: Plane, kanban: KanbanBoard) -> None:
+def test_lease_failure_parks_the_exact_run_then_finalizes(plane: Plane, kanban: Board) -> None:
     row = lease_failed_row(plane, kanban)
     assert runner.run_key(plane, "lease_failures", row, NOW) == "finalized"
     task = kanban.get_task("b", "b0")
@@ -252,19 +253,20 @@ def test_lease_failure_parks_the_exact_run_then_finalizes(plane: Plane, kanban: 
     ],
 )
 def test_lease_failure_settles_on_the_boards_evidence(
-    plane: Plane, kanban: KanbanBoard, board_move: str, expected: str
+    plane: Plane, kanban: Board, board_move: str, expected: str
 ) -> None:
     row = lease_failed_row(plane, kanban)
-    {
+    moves: dict[str, Callable[[], object]] = {
         "delete": lambda: kanban.delete_task("b", "b0"),
         "reassign": lambda: kanban.reassign_task("b", "b0", assignee="bob", lane="pool"),
         "cancel": lambda: kanban.cancel_task("b", "b0"),
-    }[board_move]()
+    }
+    moves[board_move]()
     assert runner.run_key(plane, "lease_failures", row, NOW) == expected
     assert row_state(plane.store, row)["state"] == expected
 
 
-def test_busy_board_keeps_the_row_lease_failed_and_never_collected(plane: Plane, kanban: KanbanBoard) -> None:
+def test_busy_board_keeps_the_row_lease_failed_and_never_collected(plane: Plane, kanban: Board) -> None:
     row = lease_failed_row(plane, kanban)
     plane.board = FlakyBoard(kanban, busy_rate=0.999999)
     with pytest.raises(TransientError):
@@ -304,7 +306,7 @@ def deliver(plane: Plane, row: int, payload: dict[str, Any]) -> None:
     ],
 )
 def test_result_is_applied_to_the_exact_run_and_replay_is_harmless(
-    plane: Plane, kanban: KanbanBoard, payload: dict[str, Any], status: TaskStatus
+    plane: Plane, kanban: Board, payload: dict[str, Any], status: TaskStatus
 ) -> None:
     row = running_row(plane, kanban)
     deliver(plane, row, payload)
@@ -314,7 +316,7 @@ def test_result_is_applied_to_the_exact_run_and_replay_is_harmless(
     assert runner.run_key(plane, "results", row, NOW) == "lost_race"  # replay: nothing twice
 
 
-def test_crash_between_board_and_store_is_recovered_as_finalized(plane: Plane, kanban: KanbanBoard) -> None:
+def test_crash_between_board_and_store_is_recovered_as_finalized(plane: Plane, kanban: Board) -> None:
     row = running_row(plane, kanban)
     deliver(plane, row, {"status": "done"})
     assert kanban.complete_task("b", "b0", 1, {"status": "done"})  # the board write landed, then a crash
@@ -322,7 +324,7 @@ def test_crash_between_board_and_store_is_recovered_as_finalized(plane: Plane, k
 
 
 def test_poisoned_result_is_quarantined_and_others_go_on(
-    plane: Plane, kanban: KanbanBoard, caplog: pytest.LogCaptureFixture
+    plane: Plane, kanban: Board, caplog: pytest.LogCaptureFixture
 ) -> None:
     rows = claimed(plane, kanban, 3)
     for row in rows:
@@ -346,9 +348,7 @@ def test_poisoned_result_is_quarantined_and_others_go_on(
 # --- reconcile ---------------------------------------------------------------------
 
 
-def test_reconcile_hands_moved_runs_to_itself_and_orphans_to_materialize(
-    plane: Plane, kanban: KanbanBoard
-) -> None:
+def test_reconcile_hands_moved_runs_to_itself_and_orphans_to_materialize(plane: Plane, kanban: Board) -> None:
     [row] = claimed(plane, kanban)
     kanban.reassign_task("b", "b0", assignee="alice", lane="humans")
     kanban.add_task("b", "orphan", task_id="orphan")
@@ -368,19 +368,19 @@ def test_reconcile_hands_moved_runs_to_itself_and_orphans_to_materialize(
     assert scanned(plane, "reconcile") == {}
 
 
-def test_reconcile_leaves_a_row_whose_run_the_board_still_runs(plane: Plane, kanban: KanbanBoard) -> None:
+def test_reconcile_leaves_a_row_whose_run_the_board_still_runs(plane: Plane, kanban: Board) -> None:
     [row] = claimed(plane, kanban)
     assert runner.run_key(plane, "reconcile", row, NOW) == "current"
     assert row_state(plane.store, row)["state"] == "assigned"
 
 
-def test_reconcile_never_adopts_a_run_that_has_a_row_in_any_state(plane: Plane, kanban: KanbanBoard) -> None:
+def test_reconcile_never_adopts_a_run_that_has_a_row_in_any_state(plane: Plane, kanban: Board) -> None:
     row = lease_failed_row(plane, kanban)
     assert scanned(plane, "reconcile") == {}
     assert row_state(plane.store, row)["state"] == "lease_failed"
 
 
-def test_an_orphan_the_board_cannot_read_alone_still_gets_a_row(plane: Plane, kanban: KanbanBoard) -> None:
+def test_an_orphan_the_board_cannot_read_alone_still_gets_a_row(plane: Plane, kanban: Board) -> None:
     """Reconcile's claim carries the task as the board listed it: a row stands for the run."""
     kanban.add_task("b", "x", task_id="bad")
     kanban.claim_ready(5, assignee="poolkeeper", lane="pool")
@@ -391,7 +391,7 @@ def test_an_orphan_the_board_cannot_read_alone_still_gets_a_row(plane: Plane, ka
         assert [(r.task_id, r.state) for r in queries.rows(s)] == [("bad", "assigned")]
 
 
-def test_reconcile_adopts_orphans_of_archived_boards(plane: Plane, kanban: KanbanBoard) -> None:
+def test_reconcile_adopts_orphans_of_archived_boards(plane: Plane, kanban: Board) -> None:
     kanban.add_task("old", "x", task_id="x")
     kanban.claim_ready(5, assignee="poolkeeper", lane="pool")
     kanban.archive_board("old")
@@ -399,7 +399,7 @@ def test_reconcile_adopts_orphans_of_archived_boards(plane: Plane, kanban: Kanba
 
 
 def test_one_failing_board_does_not_stop_the_next(
-    plane: Plane, kanban: KanbanBoard, caplog: pytest.LogCaptureFixture
+    plane: Plane, kanban: Board, caplog: pytest.LogCaptureFixture
 ) -> None:
     kanban.add_task("bad", "x", task_id="x")
     kanban.add_task("good", "y", task_id="y")
@@ -420,7 +420,7 @@ def test_one_failing_board_does_not_stop_the_next(
 
 
 def test_a_task_deleted_and_added_again_gets_new_run_ids_and_wedges_nothing(
-    plane: Plane, kanban: KanbanBoard
+    plane: Plane, kanban: Board
 ) -> None:
     row = running_row(plane, kanban)
     deliver(plane, row, {"status": "done"})
@@ -435,12 +435,12 @@ def test_a_task_deleted_and_added_again_gets_new_run_ids_and_wedges_nothing(
 
 
 def test_a_corrupt_result_on_one_task_never_hides_an_orphan_of_its_board(
-    plane: Plane, kanban: KanbanBoard
+    plane: Plane, kanban: Board, engine_of: Callable[[Board], Engine]
 ) -> None:
     kanban.add_task("b", "x", task_id="corrupt")
     kanban.add_task("b", "y", task_id="healthy")
     kanban.claim_ready(5, assignee="poolkeeper", lane="pool")  # claimed; the materialize never came
-    with kanban.engine.begin() as conn:
+    with engine_of(kanban).begin() as conn:
         conn.execute(text("UPDATE tasks SET result = '{broken' WHERE id = 'corrupt'"))
     queued = scanned(plane, "reconcile")
     assert sorted(c["task_id"] for c in queued["materialize"]) == ["corrupt", "healthy"]
@@ -448,7 +448,7 @@ def test_a_corrupt_result_on_one_task_never_hides_an_orphan_of_its_board(
         assert runner.run_key(plane, "materialize", claim, NOW) == "added"
 
 
-def test_maintain_once_runs_a_claim_to_the_board(plane: Plane, kanban: KanbanBoard) -> None:
+def test_maintain_once_runs_a_claim_to_the_board(plane: Plane, kanban: Board) -> None:
     kanban.add_task("b", "x", task_id="x")
     assert maintain_once(plane, NOW)["materialize"] == {"added": 1}
     offer = plane.store.offer(0, owner=OWNER, now=NOW)
@@ -690,7 +690,7 @@ def test_a_busy_store_is_asked_once_for_a_batch_of_failures_not_once_per_row(
         tries.append(sorted(errors))
         raise TransientError("pool store: database is locked")
 
-    monkeypatch.setattr(failures.bookkeeping, "record_failures", busy)
+    monkeypatch.setattr(bookkeeping, "record_failures", busy)
     caplog.set_level(logging.INFO, "poolkeeper")
     got = failures.record(
         plane, registry.get("expire"), [(r, ValueError("x")) for r in rows], NOW, counts=True

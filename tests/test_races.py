@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from typing import Any
 
-from board import KanbanBoard
+from board import Board, open_board
 from core.errors import PoolError
 from core.settings import Settings
 from store import PoolStore
@@ -48,7 +48,7 @@ def test_many_processes_adding_on_one_ordinal_have_exactly_one_winner(store: Poo
 
 
 def _claim_all(url: str, barrier: Any, results: Any) -> None:
-    kanban = KanbanBoard(url)
+    kanban = open_board(Settings(board_url=url))
     barrier.wait()
     mine: list[tuple[str, int]] = []
     misses = 0
@@ -62,7 +62,7 @@ def _claim_all(url: str, barrier: Any, results: Any) -> None:
     results.put(mine)
 
 
-def test_many_processes_claiming_take_each_task_exactly_once(kanban: KanbanBoard, settings: Settings) -> None:
+def test_many_processes_claiming_take_each_task_exactly_once(kanban: Board, settings: Settings) -> None:
     for i in range(60):
         kanban.add_task("b", f"task {i}", task_id=f"t{i:02d}")
     barrier, results = ctx.Barrier(WORKERS), ctx.Queue()

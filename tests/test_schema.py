@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, inspect, text
 
-from board import KanbanBoard
+from board import Board, open_board
 from board.schema import metadata as board_metadata
 from core.errors import ConfigError, Unavailable
 from core.settings import Settings
@@ -35,9 +36,12 @@ def test_child_status_and_outcome_checks_list_exactly_the_enums(store: PoolStore
 
 @pytest.mark.parametrize("which", ["store", "board"])
 def test_migrations_match_the_models_and_rerun_as_noop(
-    store: PoolStore, kanban: KanbanBoard, which: str
+    store: PoolStore, kanban: Board, engine_of: Callable[[Board], Engine], which: str
 ) -> None:
-    engine, metadata = (store.engine, store_metadata) if which == "store" else (kanban.engine, board_metadata)
+    if which == "store":
+        engine, metadata = store.engine, store_metadata
+    else:
+        engine, metadata = engine_of(kanban), board_metadata
     (store.migrate if which == "store" else kanban.migrate)()  # second run: nothing to do
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"version_table": f"{which}_alembic_version"})
@@ -82,7 +86,7 @@ def test_scanner_indexes_exist(store: PoolStore) -> None:
 
 
 def test_require_schema_refuses_a_database_without_schema_or_behind_head(settings: Settings) -> None:
-    store, kanban = PoolStore.from_settings(settings), KanbanBoard(settings.board_url)
+    store, kanban = PoolStore.from_settings(settings), open_board(settings)
     with store.engine.connect() as conn:  # given a database that exists but holds no schema
         conn.execute(text("CREATE TABLE unrelated (x INTEGER)"))
         conn.commit()
@@ -102,7 +106,7 @@ def test_require_schema_refuses_a_database_without_schema_or_behind_head(setting
         with store.engine.begin() as conn:
             conn.execute(text("DROP TABLE unrelated"))
         store.engine.dispose()
-        kanban.engine.dispose()
+        kanban.close()
 
 
 def test_require_schema_creates_no_missing_file_and_names_a_dead_server(tmp_path: Path) -> None:

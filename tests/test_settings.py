@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from core.errors import SettingsError
-from core.settings import Settings
+from core.settings import Settings, default
 
 
 def test_defaults_are_the_reference_deployment() -> None:
@@ -33,7 +34,7 @@ def test_environment_is_parsed_by_field_type() -> None:
         ("POOL_VISIBILITY_TIMEOUT", "10", "POOL_VISIBILITY_TIMEOUT: must be greater than"),
         ("POOL_DATABASE_URL", "", "POOL_DATABASE_URL: must not be empty"),
         ("POOL_DATABASE_URL", "pool.db", "POOL_DATABASE_URL: not a database URL SQLAlchemy can open"),
-        ("POOL_BOARD_URL", "foo://h/db", "POOL_BOARD_URL: not a database URL SQLAlchemy can open"),
+        ("POOL_BOARD_URL", "", "POOL_BOARD_URL: must not be empty"),  # its scheme: board.open_board
         ("POOL_NAMESPACE", "", "POOL_NAMESPACE: must be 1 to 32 letters"),
         ("POOL_NAMESPACE", "a:b", "POOL_NAMESPACE: must be 1 to 32 letters"),
         ("POOL_NAMESPACE", "n" * 33, "POOL_NAMESPACE: must be 1 to 32 letters"),
@@ -85,3 +86,29 @@ def test_bad_server_settings_are_named_without_the_secret(env: dict[str, str], m
 def test_the_secret_is_never_shown_nor_handed_to_children() -> None:
     s = Settings(server_secret=SECRET)
     assert SECRET not in repr(s) and "POOL_SERVER_SECRET" not in s.env()
+
+
+def test_every_setting_documents_itself_beside_its_rule() -> None:
+    for f in fields(Settings):
+        assert f.metadata["doc"].strip(), f"{f.name} has no doc"
+
+
+def test_replace_and_keyword_construction_are_validated_like_the_environment() -> None:
+    with pytest.raises(SettingsError, match=r"^POOL_SIZE: must be between 1 and 100000, got 0$"):
+        replace(Settings(), pool_size=0)
+    with pytest.raises(SettingsError, match=r"^POOL_BODY_TIMEOUT_SECONDS: must be in \(0, 600\]"):
+        Settings(body_timeout_seconds=601)
+    with pytest.raises(SettingsError, match=r"^POOL_CHAOS_BOARD_BUSY_RATE: must be in \[0, 1\)"):
+        Settings(chaos_board_busy_rate=1.0)
+
+
+def test_a_bound_set_by_another_setting_names_that_variable() -> None:
+    with pytest.raises(SettingsError, match=r"^POOL_BACKOFF_MAX_SECONDS: must be >= POOL_BACKOFF_BASE_SEC"):
+        Settings(backoff_base_seconds=10, backoff_max_seconds=5)
+    with pytest.raises(SettingsError, match=r"POOL_TASK_TIME_LIMIT, got 300$"):
+        Settings(task_time_limit=400, visibility_timeout=300)
+
+
+def test_a_default_is_stated_once_and_read_by_name() -> None:
+    s = Settings()
+    assert all(default(f.name) == getattr(s, f.name) for f in fields(Settings))

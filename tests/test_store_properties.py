@@ -244,7 +244,10 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _row_id(self, env: dict[str, Any]) -> int | None:
         with self.store.session(readonly=True) as s:
-            return s.scalar(text("SELECT id FROM assignments WHERE run_id = :r"), {"r": env["run_id"]})
+            row_id: int | None = s.scalar(
+                text("SELECT id FROM assignments WHERE run_id = :r"), {"r": env["run_id"]}
+            )
+            return row_id
 
     def _live_row(self, ordinal: int) -> Any:
         return self._row(self.m.live_on.get(ordinal))

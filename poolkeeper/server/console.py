@@ -32,7 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from board import KanbanBoard
+from board import open_board
 from core import validate
 from core.errors import InvalidInput, PoolError, ProtocolError
 from core.settings import Settings
@@ -198,7 +198,7 @@ ui = APIRouter(prefix="/ui", include_in_schema=False)
 def install(app: FastAPI, settings: Settings, store: PoolStore) -> None:
     """Mount the console on ``app``: its routes under ``/ui``, its assets under ``/ui/static``."""
     client, redis_problem = redis_reader(settings)
-    pages = views.Pages(settings, store, KanbanBoard(settings.board_url), client, redis_problem)
+    pages = views.Pages(settings, store, open_board(settings), client, redis_problem)
     app.state.console = Console(ConsoleAuth(settings.server_secret), pages)
     static = resources.files("poolkeeper.server") / "static"
     app.mount("/ui/static", StaticFiles(directory=str(static)), name="console-static")

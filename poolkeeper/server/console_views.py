@@ -3,7 +3,7 @@
 Every row is turned into a plain dict inside its transaction, so templates
 never touch the database. The actions call what ``poolctl`` calls:
 ``store.transitions.requeue``, ``poolkeeper.operator.abandon`` and ``cancel``,
-``KanbanBoard.unblock_task``. Each row action is recorded in the row's audit
+``Board.unblock_task``. Each row action is recorded in the row's audit
 trail as the operator's (``audit.OPERATOR``), as ``poolctl``'s are.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from board import KanbanBoard
+from board import Board
 from core import validate
 from core.errors import InvalidInput, NotFound
 from core.settings import Settings
@@ -71,7 +71,7 @@ class Pages:
         self,
         settings: Settings,
         store: PoolStore,
-        kanban: KanbanBoard,
+        kanban: Board,
         client: redis.Redis | None,
         redis_problem: str,
     ) -> None:

@@ -1,0 +1,205 @@
+"""The pool store's commands: init, status, rows, requeue, abandon, maintain, demo."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from core import validate
+from core.db import mask_url
+from core.errors import InvalidInput
+from poolkeeper import operator
+from poolkeeper.cli import render
+from poolkeeper.cli.base import (
+    JsonOpt,
+    _emit,
+    _kanban,
+    _settings,
+    _store,
+    app,
+    out,
+)
+from store import audit, lineage, queries, transitions
+from store import rows as rows_
+from store.models import RowState
+
+
+@app.command()
+def init() -> None:
+    """Create or migrate the pool store and the board (a no-op when current)."""
+    store, kanban = _store("create"), _kanban("create")
+    store.migrate()
+    kanban.migrate()
+    out.print(f"pool store ready: {mask_url(store.engine.url)}")
+    out.print(f"board ready:      {kanban.location()}")
+
+
+@app.command()
+def status(as_json: JsonOpt = False) -> None:
+    """Rows by state, ordinals, quarantined, beat liveness and queue depth, board tasks by status."""
+    from poolkeeper.status import redis_reader, snapshot
+
+    settings, store, kanban = _settings(), _store(), _kanban()
+    client, problem = redis_reader(settings)
+    data = snapshot(store, kanban, settings, client, time.time(), redis_error=problem)
+    _emit(data, render.status(data, store.pool_size), as_json)
+
+
+ROW_FIELDS = (
+    "id",
+    "board",
+    "task_id",
+    "run_id",
+    "ordinal",
+    "state",
+    "attempt",
+    "fence",
+    "lease_until",
+    "updated_at",
+    "failures",
+    "last_error",
+    "next_attempt_at",
+    "quarantined",
+)
+
+
+def _row_dict(row: Any) -> dict[str, Any]:
+    from poolkeeper.status import row_view
+
+    view = row_view(row)
+    return {key: view[key] for key in ROW_FIELDS}
+
+
+@app.command()
+def rows(
+    row: Annotated[int | None, typer.Argument(help="One row: show it with its child executions.")] = None,
+    state: Annotated[str | None, typer.Option(help="Only rows in this state.")] = None,
+    quarantined: Annotated[bool, typer.Option("--quarantined", help="Only quarantined rows.")] = False,
+    history: Annotated[
+        bool, typer.Option("--history", help="With ROW: its audit trail, oldest first (the newest --limit).")
+    ] = False,
+    limit: Annotated[int, typer.Option(min=1, max=validate.INT32_MAX)] = 1000,
+    as_json: JsonOpt = False,
+) -> None:
+    """List pool rows, or show one row with its child executions as a tree, or its history."""
+    if history:
+        if row is None:
+            raise InvalidInput("--history", "needs a ROW: `poolctl rows ROW --history`")
+        _row_history(row, limit, as_json)
+        return
+    if row is not None:
+        _row_with_children(row, as_json)
+        return
+    want = None
+    if state is not None:
+        try:
+            want = RowState(state)
+        except ValueError:
+            raise InvalidInput(
+                "--state", f"unknown state {state!r}; one of " + ", ".join(s.value for s in RowState)
+            ) from None
+    with _store().session(readonly=True) as s:
+        found = [_row_dict(r) for r in queries.rows(s, state=want, quarantined=quarantined, limit=limit)]
+    _emit(found, render.rows(found), as_json)
+
+
+def _row_with_children(row_id: int, as_json: bool) -> None:
+    with _store().session(readonly=True) as s:
+        data = {**_row_dict(rows_.get_row(s, row_id)), "children": lineage.tree(s, row_id)}
+    _emit(data, render.row_tree(row_id, data), as_json)
+
+
+def _row_history(row_id: int, limit: int, as_json: bool) -> None:
+    with _store().session(readonly=True) as s:
+        data = {**_row_dict(rows_.get_row(s, row_id)), "history": audit.history(s, row_id, limit=limit)}
+    _emit(data, render.history(row_id, data), as_json)
+
+
+@app.command()
+def requeue(
+    row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ROW_ID, help="Row id (see `poolctl rows`).")],
+) -> None:
+    """Clear a row's backoff and quarantine so the next scan retries it now."""
+    with _store("write").session() as s:
+        got = transitions.requeue(s, row, now=time.time(), actor=audit.OPERATOR)
+    out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}, {got.state}) requeued")
+
+
+@app.command()
+def abandon(
+    row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ROW_ID, help="Row id (see `poolctl rows`).")],
+    reason: Annotated[str, typer.Option(help="Why; it goes on the board.")] = operator.DEFAULT_ABANDON_REASON,
+) -> None:
+    """Give up on a row: park its exact run on the board, make the row stale, free its ordinal."""
+    got = operator.abandon(_kanban("write"), _store("write"), row, reason, time.time())
+    board = "parked" if got.parked else "had already moved the run on"
+    pool = f"ordinal {got.settled.ordinal} free" if got.settled else "settled meanwhile by the plane"
+    out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}) abandoned: board {board}; {pool}")
+
+
+@app.command()
+def maintain(
+    once: Annotated[bool, typer.Option("--once", help="Run every pass once, in-process.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run every maintenance pass once, synchronously, with the plane's per-row code."""
+    if not once:
+        raise InvalidInput(
+            "maintain",
+            "only --once is supported here; run `celery -A tasks worker -B` for the continuous plane",
+        )
+    from tasks.maintain import maintain_once
+    from tasks.plane import Plane
+
+    plane = Plane.from_settings(_settings(), _store("write"), _kanban("write"))
+    plane.coord.ping()
+    summary = maintain_once(plane, time.time())
+    data = {name: dict(outcomes) for name, outcomes in summary.items()}
+    _emit(data, render.outcomes(data), as_json)
+
+
+@app.command()
+def demo(
+    tasks: Annotated[int, typer.Option(min=1, help="Board tasks to seed.")] = 200,
+    pool_size: Annotated[int, typer.Option(min=1, max=64, help="Worker ordinals.")] = 6,
+    crash_rate: Annotated[float, typer.Option(min=0, max=1, help="Workers dying on a run.")] = 0.05,
+    hang_rate: Annotated[float, typer.Option(min=0, max=1, help="Workers hanging past their lease.")] = 0.02,
+    poison: Annotated[int, typer.Option(min=0, help="Tasks the board fails on, every time.")] = 2,
+    board_busy_rate: Annotated[float, typer.Option(min=0, max=0.9, help="Board calls failing busy.")] = 0.02,
+    lease: Annotated[float, typer.Option(min=0.5, help="Lease seconds.")] = 3.0,
+    timeout: Annotated[float, typer.Option(min=10, help="Give up after this many seconds.")] = 600,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(help="Keep the databases and logs here (a new or empty folder, or a past demo's)."),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for the injected faults.")] = None,
+) -> None:
+    """Run the embedded end-to-end demo (no Redis or database to install)."""
+    from poolkeeper.demo import Demo, DemoOptions
+
+    if crash_rate + hang_rate >= 1:
+        raise InvalidInput("--crash-rate/--hang-rate", "together they must stay below 1")
+    if poison > tasks:
+        raise InvalidInput("--poison", f"cannot exceed --tasks ({tasks})")
+    opts = DemoOptions(
+        tasks=tasks,
+        pool_size=pool_size,
+        crash_rate=crash_rate,
+        hang_rate=hang_rate,
+        poison=poison,
+        board_busy_rate=board_busy_rate,
+        lease_seconds=lease,
+        timeout=timeout,
+        workdir=workdir,
+        seed=seed,
+    )
+    try:
+        code = Demo(opts, out).run()
+    except KeyboardInterrupt:
+        print("poolctl demo: interrupted; everything it started is stopped", file=sys.stderr)
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
