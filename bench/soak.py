@@ -421,7 +421,9 @@ class Soak:
         while time.time() < started + a.deadline:
             self.supervise()
             now = time.time()
-            if a.kinds and now < faults_end and now >= next_fault and all(m.alive() for m in self.managed):
+            # Past --duration only to finish the first round: every kind at least once.
+            due = now < faults_end or len({f.kind for f in self.faults}) < len(a.kinds)
+            if a.kinds and due and now >= next_fault and all(m.alive() for m in self.managed):
                 order = order or self.rng.sample(a.kinds, len(a.kinds))
                 if self.inject(order[-1]):
                     order.pop()
@@ -519,7 +521,9 @@ class Soak:
                 broken.append(f"{kind}: p99 {p99:.2f}s > {bound:.2f}s")
             print(f"{kind:16s} {n:4d} {len(taken):8d} {_s(p50):>7s} {_s(p99):>7s} {_s(bound):>6s}  "
                   f"{'BROKEN ' if bad else 'ok     '}  {what}")  # fmt: skip
+        never = [kind for kind in a.kinds if not any(f.kind == kind for f in self.faults)]
         checks = [
+            ("fault kinds never injected", ", ".join(never) or 0, not never),
             ("lost (tasks not done/blocked)", lost, lost == 0),
             ("runs executed twice at once", len(doubled), not doubled),
             ("fences executed twice", len(twice), not twice),
