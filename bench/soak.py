@@ -464,6 +464,9 @@ class Soak:
         starts = [r for r in records if r["ev"] == "start"]
         ends = {(r["pid"], r["key"]): r for r in records if r["ev"] == "end"}
         by_pid = {r["pid"]: r for r in starts}
+        by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in starts:
+            by_key[r["key"]].append(r)
         start_times = sorted(r["t"] for r in starts)
         killed = {pid: f.t for f in self.faults for pid in f.command_pids if f.kind == "worker+command"}
         # Two at once: the kernel's flock saw a live holder, or two recorded intervals overlap.
@@ -484,14 +487,14 @@ class Soak:
         lost = counts["ready"] + counts["running"]
         # Not a violation (a worker can die between its command's exit and the result's spool): shown.
         finished = [(r["key"], r["t"]) for r in ends.values() if r["rc"] != 143]
-        again = {key for key, t in finished if any(s["key"] == key and s["t"] > t for s in starts)}
+        again = {key for key, t in finished if any(s["t"] > t for s in by_key[key])}
         startup = sorted(
             p - f.restarted for f in self.faults if f.log and f.restarted and (p := _polling_since(f.log))
         )
 
         recovery: dict[str, list[float]] = defaultdict(list)
         for f in self.faults:
-            got = self.recovery(f, claim_times, start_times, starts, ends, by_pid)
+            got = self.recovery(f, claim_times, start_times, by_key, ends, by_pid)
             if got is not None:
                 recovery[f.kind].append(got)
         a, w = self.args, self.watch
@@ -553,7 +556,7 @@ class Soak:
         f: Fault,
         claim_times: list[float],
         start_times: list[float],
-        starts: list[dict[str, Any]],
+        by_key: dict[str, list[dict[str, Any]]],
         ends: dict[tuple[int, str], dict[str, Any]],
         by_pid: dict[int, dict[str, Any]],
     ) -> float | None:
@@ -569,9 +572,7 @@ class Soak:
             return None if i == len(start_times) or f.restarted is None else start_times[i] - f.restarted
         old = next((by_pid[p] for p in f.command_pids if p in by_pid), None)
         serving = _polling_since(f.log) if f.log else None  # the replacement's start-up is not the plane's
-        again = [
-            r["t"] for r in starts if r["key"] == f.run and r["t"] > f.t and r["pid"] not in f.command_pids
-        ]
+        again = [r["t"] for r in by_key[f.run] if r["t"] > f.t and r["pid"] not in f.command_pids]
         if serving is None or not again:
             return None  # the run settled meanwhile (its result was delivered before the kill)
         old_end = ends.get((old["pid"], old["key"]), {}).get("t", f.t) if old else f.t
