@@ -333,8 +333,9 @@ class Soak:
             victim = self.rng.choice([m for m in up if m.kind == "celery-worker"])
             assert victim.proc is not None
             children = _children(victim.proc.pid)
-            if children:
-                _kill(self.rng.choice(children))  # billiard starts a new child; the main process lives on
+            if not children:
+                return False  # between children: try again soon
+            _kill(self.rng.choice(children))  # billiard starts a new child; the main process lives on
         else:
             victim = self.rng.choice([m for m in up if m.kind == kind])
             assert victim.proc is not None
