@@ -661,10 +661,14 @@ def _s(v: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     soak = Soak(parse_args(sys.argv[1:] if argv is None else argv))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through the finally, like Ctrl-C
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored (&)
     code: int | None = None
     try:
         code = soak.run()
         return code
+    except KeyboardInterrupt:
+        print("interrupted: stopping everything the soak started")
+        return 130
     finally:
         soak.stop()
         if code == 0 and not soak.args.keep:
