@@ -213,6 +213,7 @@ class Soak:
         self.env.pop("POOL_SERVER_SECRET", None)
         self.secret = secrets.token_hex(32)
         self.serve_port = 0
+        self.due_since = 0.0  # when the next fault fell due
         self.managed: list[Managed] = []
         self.faults: list[Fault] = []
         self.watch = Watch()
@@ -303,7 +304,8 @@ class Soak:
         """Kill one process of ``kind`` (SIGKILL), recording when and what ran under it.
 
         A pool worker is killed only while it runs a command (False: none does; try again soon),
-        preferably a long one with most of its time ahead, so what survives it has time to show.
+        a long one with most of its time ahead, so what survives it has time to show (for up to
+        10 s after the fault is due it waits for one; then any command will do).
         """
         up = [m for m in self.managed if m.alive()]
         fault = Fault(kind, time.time(), "")
@@ -318,6 +320,8 @@ class Soak:
                 if grants[name].get("POOL_TASK_ID", "").startswith("hang-")
                 and 0.5 < _age(pid) < self.args.lease
             ]
+            if not fresh and time.time() < self.due_since + 10:
+                return False
             name = self.rng.choice(fresh or sorted(commands))
             victim = next(m for m in up if m.name == name)
             g = grants[name]
@@ -426,9 +430,10 @@ class Soak:
             due = now < faults_end or len({f.kind for f in self.faults}) < len(a.kinds)
             if a.kinds and due and now >= next_fault and all(m.alive() for m in self.managed):
                 order = order or self.rng.sample(a.kinds, len(a.kinds))
+                self.due_since = self.due_since or now
                 if self.inject(order[-1]):
                     order.pop()
-                    next_fault = now + a.fault_every * self.rng.uniform(0.5, 1.5)
+                    next_fault, self.due_since = now + a.fault_every * self.rng.uniform(0.5, 1.5), 0.0
             if self.watch.settled and (now >= faults_end or not a.kinds):
                 break
             time.sleep(0.1)

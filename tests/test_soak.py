@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = [
     "--ordinals", "4", "--tasks", "150", "--duration", "40", "--fault-every", "5",
-    "--reconcile", "5", "--hang-rate", "0.05", "--poison", "2", "--deadline", "170",
+    "--reconcile", "5", "--hang-rate", "0.08", "--poison", "2", "--deadline", "170",
 ]  # fmt: skip
 
 
