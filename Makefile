@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install demo test lint bench screenshots clean
+.PHONY: install demo test lint bench soak screenshots clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,6 +30,9 @@ bench: install
 	$(PY) bench/storm.py
 	$(PY) bench/api_bench.py
 	$(PY) bench/lineage_bench.py
+
+soak: install  # the fault soak at full size (bench/soak.py; options after ARGS=, e.g. ARGS="--tasks 10000")
+	$(PY) bench/soak.py $(ARGS)
 
 screenshots: install  # the console's pictures in docs/ (needs Debian's chromium and chromium-driver)
 	$(PY) -m tests.screenshots docs
