@@ -33,7 +33,7 @@ from core.errors import DuplicateIdentity, InvalidInput, LostRace, NotFound, Ord
 from core.retry import RetryPolicy
 from poolkeeper import operator
 from store import Offer, PoolStore, audit, bookkeeping, queries, transitions
-from store.models import EventKind, RowState
+from store.models import Delivery, EventKind, RowState
 from tasks import failures, gc, registry, runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
@@ -417,6 +417,7 @@ class TrailMachine(RuleBasedStateMachine):
     def deliver(self, data: st.DataObject, release: bool) -> None:
         offer = data.draw(st.sampled_from(sorted(self.offers.values(), key=lambda o: o.row_id)))
         self.runs += 1
+        got: str
         try:
             if release:
                 got = self.store.release(envelope(offer, f"d{self.runs}"), now=self.now)
@@ -561,3 +562,29 @@ def test_gc_keeps_the_newest_event_so_the_written_count_never_starts_again(store
     with store.session(readonly=True) as s:
         assert queries.audit_events_written(s) == 6
     assert [e["detail"] for e in trail(store, 1)] == ["e4", "e0"]
+
+
+def test_gc_on_an_empty_audit_table_still_collects_rows_and_deliveries(
+    plane: Plane, store: PoolStore, make_row: RowFactory
+) -> None:
+    """A fresh store, or one upgraded from 0003 with only terminal rows, has no events yet."""
+    retention = plane.settings.retention_seconds
+    now = NOW + 2 * retention
+    old = [
+        make_row(state, ordinal=i, updated_at=NOW)
+        for i, state in enumerate((RowState.FINALIZED, RowState.STALE))
+    ]
+    kept = make_row(RowState.FINALIZED, ordinal=2, updated_at=now - retention + 1)
+    with store.session() as s:
+        s.add(
+            Delivery(
+                delivery_id="d-old", assignment_id=old[0], kind="heartbeat", digest="0" * 64, created_at=NOW
+            )
+        )
+    assert event_count(store) == 0
+    with store.session() as s:
+        assert audit.collect(s, cutoff=now, batch=10) == 0
+    assert gc.collect(plane, now) == gc.Collected(rows=2, deliveries=1)
+    with store.session(readonly=True) as s:
+        assert [r.id for r in queries.rows(s)] == [kept]
+    assert runner.run_key(plane, "gc", "all", now) == "nothing"
