@@ -25,7 +25,10 @@ from store.models import Assignment, RowState
 from store.models import metadata as store_metadata
 from tasks import failures
 from tasks.plane import LocalCoordination, Plane
+from tests import properties
 from tests.factories import NOW, RowFactory
+
+properties.load()  # before any test module builds its Hypothesis settings
 
 PG_URL = os.environ.get("POOL_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -43,6 +46,20 @@ def _postgres_database() -> str | None:
             raise RuntimeError(f"CI needs PostgreSQL at {PG_URL}: {err}") from err
         return None
     return PG_URL.rsplit("/", 1)[0] + "/" + name
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every Hypothesis test is a ``property`` test, bounded by its examples: no pytest-timeout.
+
+    A loaded machine (``make test`` beside other work) only makes it slower; the per-test
+    timeout of ``[tool.pytest.ini_options]`` still bounds every other test.
+    """
+    for item in items:
+        given = getattr(getattr(item, "function", None), "is_hypothesis_test", False)
+        if given and not item.get_closest_marker("property"):
+            item.add_marker(pytest.mark.property)
+        if item.get_closest_marker("property") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(0))
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck
-from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -38,6 +36,7 @@ from tasks import failures, gc, registry, runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
 from tests.factories import NOW, OWNER, RowFactory, envelope, given_running, grant, row_state
+from tests.properties import budget
 from tests.test_cli import poolctl
 
 MATERIALIZE, EXPIRE = audit.by_pass("materialize"), audit.by_pass("expire")
@@ -522,15 +521,10 @@ class TrailMachine(RuleBasedStateMachine):
             )
 
 
+@pytest.mark.property
 def test_the_trail_replays_to_each_rows_state(store: PoolStore) -> None:
     run_state_machine_as_test(
-        type("OnThisBackend", (TrailMachine,), {"store": store}),
-        settings=hsettings(
-            max_examples=60,
-            stateful_step_count=25,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow],
-        ),
+        type("OnThisBackend", (TrailMachine,), {"store": store}), settings=budget(60, 25)
     )
 
 

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from poolkeeper.cli import main
 from poolkeeper.client import PoolClient
+from tests.properties import budget
 
 CODES = {0, 1, 2, 69, 75, 78}
 EXAMPLES = int(os.environ.get("POOL_CLI_FUZZ_EXAMPLES", "1000"))
@@ -48,7 +49,7 @@ OPTIONS = [
 ]  # fmt: skip
 words = st.one_of(
     st.sampled_from(OPTIONS),
-    st.sampled_from(["b", "t1", "1", "0", "-1", "pool", "assigned", "done", "running", "{}", '{"a":'] ),
+    st.sampled_from(["b", "t1", "1", "0", "-1", "pool", "assigned", "done", "running", "{}", '{"a":']),
     st.integers(min_value=-(2**70), max_value=2**70).map(str),
     st.text(max_size=40),
     st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3),
@@ -84,6 +85,7 @@ def dump(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.filterwarnings("ignore")
+@pytest.mark.property
 def test_generated_argument_vectors_are_refused_cleanly_and_change_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -121,12 +123,7 @@ def test_generated_argument_vectors_are_refused_cleanly_and_change_nothing(
     assert poolctl(["board", "add", "b", "seed", "--id", "t1"])[0] == 0
     seen: dict[int, int] = {}
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    )
+    @budget(EXAMPLES, database=None, suppress=(HealthCheck.function_scoped_fixture,))
     @given(vectors)
     def refuse_cleanly(argv: list[str]) -> None:
         before = dump(tmp_path)

@@ -16,7 +16,6 @@ A refused or crashed call changes nothing.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -24,7 +23,6 @@ from functools import partial
 from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -44,12 +42,11 @@ from store import Child, Envelope, Offer, PoolStore, lineage, queries, transitio
 from store.models import RowState
 from store.models import metadata as store_metadata
 from tests.factories import envelope, grant
+from tests.properties import budget
 
 POOL, LEASE, MAX_ATTEMPTS, MAX_DEPTH = 2, 30.0, 2, 2
 LIVE = ("registered", "running")
-EXAMPLES = {"sqlite": 200, "postgres": 40}
-if os.environ.get("HYPOTHESIS_PROFILE") == "long":
-    EXAMPLES = {"sqlite": 2000, "postgres": 300}
+EXAMPLES = {"sqlite": 200, "postgres": 40}  # of 40 steps; ten times as many under HYPOTHESIS_PROFILE=long
 
 
 class Crash(Exception):
@@ -294,9 +291,11 @@ class LineageMachine(RuleBasedStateMachine):
             "register": lambda s: lineage.register(
                 s, lineage.Grant.parse(grant(g)), under=None, max_depth=MAX_DEPTH, now=self.now
             ),
-            "child": lambda s: kid
-            and lineage.deliver(
-                s, lineage.Report.parse({**kid.token(), "payload": {}}, with_result=True), now=self.now
+            "child": lambda s: (
+                kid
+                and lineage.deliver(
+                    s, lineage.Report.parse({**kid.token(), "payload": {}}, with_result=True), now=self.now
+                )
             ),
             "settle": lambda s: transitions.settle(
                 s, g.row_id, RowState.STALE, expect_state="running", expect_attempt=g.attempt, now=self.now
@@ -351,15 +350,11 @@ def _run(url: str, engine: Engine | None, examples: int) -> None:
     machine = type("Machine", (LineageMachine,), {"url": url, "engine": engine})
     run_state_machine_as_test(
         machine,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=40,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow],
-        ),
+        settings=budget(examples, 40),
     )
 
 
+@pytest.mark.property
 def test_lineage_machine_on_sqlite() -> None:
     template = PoolStore.from_settings(Settings(database_url=f"sqlite:///{TEMPLATE}"))
     template.migrate()
@@ -368,6 +363,7 @@ def test_lineage_machine_on_sqlite() -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.property
 def test_lineage_machine_on_postgres(postgres_url: str) -> None:
     store = PoolStore(postgres_url)
     store.migrate()

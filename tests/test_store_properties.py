@@ -2,20 +2,18 @@
 
 The invariants are numbered as in docs/design.md.
 
-Profiles: ``ci`` (the default, a few hundred examples) and ``long``
-(``HYPOTHESIS_PROFILE=long``) for a deeper search on demand.
+Bounded by examples (``tests/properties.py``): 200 runs of 30 steps under the ``ci``
+profile, ten times as many under ``HYPOTHESIS_PROFILE=long``.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sqlalchemy import text
@@ -25,22 +23,7 @@ from core.settings import Settings
 from store import Offer, PoolStore, queries, rows, transitions
 from store.models import RowState
 from tests.factories import OWNER, envelope
-
-settings.register_profile(
-    "ci",
-    max_examples=200,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "long",
-    max_examples=3000,
-    stateful_step_count=80,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+from tests.properties import budget
 
 POOL = 3
 LEASE = 30.0
@@ -302,3 +285,4 @@ def _envelope(holder: Offer, delivery_id: str, as_result: bool) -> dict[str, Any
 
 
 TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine.settings = budget(200, 30)

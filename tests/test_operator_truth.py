@@ -1,0 +1,87 @@
+"""What the operator and the test runner are told is true, and nothing is left behind.
+
+Issue 18: property tests are bounded by examples, not by wall time (finding 21).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Collected in a pytest of its own: what each Hypothesis test's timeout and settings are.
+_REPORT_PLUGIN = '''
+import inspect, json, os
+from hypothesis import settings
+
+MENTIONS = ("run_state_machine_as_test", "@given", "budget(")
+
+def _mentions(fn, depth):
+    """fn, or a function of its module it calls (to ``depth``), runs Hypothesis."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    if any(m in source for m in MENTIONS):
+        return True
+    called = [getattr(inspect.getmodule(fn), n, None) for n in getattr(fn, "__code__", None).co_names]
+    return depth > 0 and any(inspect.isfunction(c) and _mentions(c, depth - 1) for c in called)
+
+def _uses_hypothesis(item):
+    fn = getattr(item, "function", None)
+    if fn is None:
+        return False
+    return getattr(fn, "is_hypothesis_test", False) or _mentions(fn, 2)
+
+def pytest_collection_finish(session):
+    found = []
+    for item in session.items:
+        if not _uses_hypothesis(item):
+            continue
+        marker = item.get_closest_marker("timeout")
+        timeout = None if marker is None else (marker.args or [marker.kwargs.get("timeout")])[0]
+        inner = getattr(getattr(item, "function", None), "_hypothesis_internal_use_settings", None)
+        found.append({
+            "id": item.nodeid,
+            "timeout": timeout,
+            "property": item.get_closest_marker("property") is not None,
+            "deadline": None if inner is None else str(inner.deadline),
+        })
+    with open(os.environ["REPORT"], "w") as out:
+        json.dump({"default_deadline": str(settings.default.deadline), "tests": found}, out)
+'''
+
+
+def _pytest(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """A pytest of its own over this suite's files, from the checkout, with ``env`` set."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_every_hypothesis_test_is_bounded_by_its_examples_not_the_per_test_timeout(tmp_path: Path) -> None:
+    """A loaded machine makes a property test slower, never a failure (finding 21)."""
+    files = sorted(
+        str(p.relative_to(REPO))
+        for p in (REPO / "tests").glob("test_*.py")
+        if "from hypothesis" in p.read_text() and p.name != Path(__file__).name
+    )
+    (tmp_path / "hypothesis_report.py").write_text(_REPORT_PLUGIN)
+    report = tmp_path / "report.json"
+    done = _pytest(tmp_path, "--collect-only", "-q", "-p", "hypothesis_report", *files, REPORT=str(report))
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = json.loads(report.read_text())
+    assert got["default_deadline"] == "None"  # the profile conftest loads: no per-example deadline
+    assert len({t["id"].split("::")[0] for t in got["tests"]}) == len(files), (files, got["tests"])
+    for test in got["tests"]:
+        assert test["property"] and test["timeout"] == 0, test
+        assert test["deadline"] in (None, "None"), test
