@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -94,6 +95,19 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
         tables = [*store_metadata.tables, *board_metadata.tables, *versions]
         conn.execute(text(f"DROP TABLE IF EXISTS {', '.join(tables)} CASCADE"))
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def store_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite store to copy per example: migrating once per run, in pytest's temp folder.
+
+    pytest keeps its last few runs' folders and removes older ones, so nothing piles up.
+    """
+    path = tmp_path_factory.mktemp("store-template") / "template.db"
+    template = PoolStore.from_settings(Settings(database_url=f"sqlite:///{path}"))
+    template.migrate()
+    template.engine.dispose()
+    return path
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -36,7 +37,6 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from core.errors import LineageLive, PoolError
-from core.settings import Settings
 from core.validate import canonical_json, sha256
 from store import Child, Envelope, Offer, PoolStore, lineage, queries, transitions, worker
 from store.models import RowState
@@ -56,13 +56,14 @@ class Crash(Exception):
 class LineageMachine(RuleBasedStateMachine):
     url: ClassVar[str]  # set per backend by the tests below
     engine: ClassVar[Engine | None] = None  # PostgreSQL: one database, emptied per example
+    template: ClassVar[Path]  # SQLite: conftest's store_template, copied per example, beside it
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = None
         if self.engine is None:
-            self.dir = tempfile.mkdtemp(prefix="pk-lineage-")
-            shutil.copy(TEMPLATE, f"{self.dir}/pool.db")
+            self.dir = tempfile.mkdtemp(prefix="pk-lineage-", dir=self.template.parent)
+            shutil.copy(self.template, f"{self.dir}/pool.db")
             url = f"sqlite:///{self.dir}/pool.db"
         else:
             url = self.url
@@ -342,12 +343,8 @@ def _envelope(g: Offer, delivery_id: str, as_result: bool) -> dict[str, Any]:
     return envelope(g, delivery_id, **({"payload": {"status": "done"}} if as_result else {}))
 
 
-TEMPLATE_DIR = tempfile.mkdtemp(prefix="pk-lineage-template-")
-TEMPLATE = f"{TEMPLATE_DIR}/template.db"
-
-
-def _run(url: str, engine: Engine | None, examples: int) -> None:
-    machine = type("Machine", (LineageMachine,), {"url": url, "engine": engine})
+def _run(url: str, engine: Engine | None, examples: int, template: Path | None = None) -> None:
+    machine = type("Machine", (LineageMachine,), {"url": url, "engine": engine, "template": template})
     run_state_machine_as_test(
         machine,
         settings=budget(examples, 40),
@@ -355,11 +352,8 @@ def _run(url: str, engine: Engine | None, examples: int) -> None:
 
 
 @pytest.mark.property
-def test_lineage_machine_on_sqlite() -> None:
-    template = PoolStore.from_settings(Settings(database_url=f"sqlite:///{TEMPLATE}"))
-    template.migrate()
-    template.engine.dispose()
-    _run("", None, EXAMPLES["sqlite"])
+def test_lineage_machine_on_sqlite(store_template: Path) -> None:
+    _run("", None, EXAMPLES["sqlite"], store_template)
 
 
 @pytest.mark.postgres

@@ -85,3 +85,13 @@ def test_every_hypothesis_test_is_bounded_by_its_examples_not_the_per_test_timeo
     for test in got["tests"]:
         assert test["property"] and test["timeout"] == 0, test
         assert test["deadline"] in (None, "None"), test
+
+
+def test_collecting_the_suite_leaves_nothing_in_the_temp_folder(tmp_path: Path) -> None:
+    """Templates and scratch files live in pytest's own temp folder, made when a test needs them
+    (finding 13): importing a test module writes nothing."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = _pytest(tmp_path, "--collect-only", "-q", "tests", TMPDIR=str(scratch))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in scratch.iterdir() if not p.name.startswith("pytest-of-")) == []

@@ -11,7 +11,8 @@ from __future__ import annotations
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import strategies as st
@@ -28,11 +29,6 @@ from tests.properties import budget
 POOL = 3
 LEASE = 30.0
 MAX_ATTEMPTS = 2
-TEMPLATE_DIR = tempfile.mkdtemp(prefix="pk-template-")
-TEMPLATE = f"{TEMPLATE_DIR}/template.db"
-_tpl = PoolStore.from_settings(Settings(database_url=f"sqlite:///{TEMPLATE}"))
-_tpl.migrate()
-_tpl.engine.dispose()
 
 
 @dataclass
@@ -46,10 +42,12 @@ class Model:
 
 
 class StoreMachine(RuleBasedStateMachine):
+    template: ClassVar[Path]  # conftest's store_template (set below): copied per example, beside it
+
     def __init__(self) -> None:
         super().__init__()
-        self.dir = tempfile.mkdtemp(prefix="pk-prop-")
-        shutil.copy(TEMPLATE, f"{self.dir}/pool.db")
+        self.dir = tempfile.mkdtemp(prefix="pk-prop-", dir=self.template.parent)
+        shutil.copy(self.template, f"{self.dir}/pool.db")
         self.store = PoolStore.from_settings(
             Settings(
                 database_url=f"sqlite:///{self.dir}/pool.db",
@@ -282,6 +280,11 @@ def _envelope_as(env: dict[str, Any], as_result: bool) -> dict[str, Any]:
 def _envelope(holder: Offer, delivery_id: str, as_result: bool) -> dict[str, Any]:
     result = {"payload": {"status": "done", "by": holder.fence}} if as_result else {}
     return envelope(holder, delivery_id, **result)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _template(store_template: Path) -> None:
+    StoreMachine.template = store_template
 
 
 TestStoreMachine = StoreMachine.TestCase
