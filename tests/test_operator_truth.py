@@ -1,6 +1,8 @@
 """What the operator and the test runner are told is true, and nothing is left behind.
 
-Issue 18: property tests are bounded by examples, not by wall time (finding 21).
+Issue 18: property tests are bounded by examples, not by wall time (finding 21); the suite
+leaves nothing in the temp folder (13); a database this process cannot write is read creating
+nothing (13) and refused as a setting, never as busy (7).
 """
 
 from __future__ import annotations
@@ -9,7 +11,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
+
+from tests.test_cli_errors import CONFIG, files, refused
+from tests.test_cli_errors import run as poolctl
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,3 +104,82 @@ def test_collecting_the_suite_leaves_nothing_in_the_temp_folder(tmp_path: Path) 
     done = _pytest(tmp_path, "--collect-only", "-q", "tests", TMPDIR=str(scratch))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in scratch.iterdir() if not p.name.startswith("pytest-of-")) == []
+
+
+# --- a database this process cannot write: read, creating nothing; refused as a setting (78) ---
+
+READS = (("status", "--json"), ("rows",), ("board", "list"))
+
+
+@pytest.fixture
+def initialised(tmp_path: Path) -> Path:
+    db_dir = tmp_path / "db"
+    db_dir.mkdir()
+    assert poolctl(db_dir, "init").returncode == 0
+    assert poolctl(db_dir, "board", "add", "b", "a task", "--id", "t1").returncode == 0
+    return db_dir
+
+
+def read_only_mount(path: Path) -> tuple[str, ...]:
+    """A prefix that runs a command with ``path`` bind-mounted read-only in a mount namespace
+    of its own (the mount ends with it): a real read-only file system, even for root."""
+    prefix = ("unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(path))
+    probe = subprocess.run([*prefix, "touch", str(path / "probe")], capture_output=True, text=True)
+    if probe.returncode == 0 or "Read-only file system" not in probe.stderr:
+        (path / "probe").unlink(missing_ok=True)
+        pytest.skip(f"no read-only bind mount here (needs root and unshare): {probe.stderr.strip()}")
+    return prefix
+
+
+@contextmanager
+def immutable(*paths: Path) -> Iterator[None]:
+    """``chattr +i``: nobody, root included, may change them (a directory: nothing is created in it)."""
+    done = subprocess.run(["chattr", "+i", *map(str, paths)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"chattr +i does not work here: {done.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", *map(str, paths)], check=True)
+
+
+def test_reads_on_a_read_only_file_system_answer_and_init_is_refused_as_a_setting(initialised: Path) -> None:
+    before, ro = files(initialised), read_only_mount(initialised)
+    for args in READS:
+        done = poolctl(initialised, *args, prefix=ro)
+        assert done.returncode == 0, (args, done.stderr)
+    assert '"ready": 1' in poolctl(initialised, "status", "--json", prefix=ro).stdout
+    refused(poolctl(initialised, "init", prefix=ro), CONFIG, "pool store at", "read-only file system")
+    refused(poolctl(initialised, "requeue", "1", prefix=ro), CONFIG, "pool store at", "read-only")
+    assert files(initialised) == before
+
+
+def test_a_read_only_file_system_with_a_write_ahead_log_is_a_setting_not_busy(initialised: Path) -> None:
+    """A ``-wal`` beside the file (a writer elsewhere, or one that died) means it must be opened
+    as always, which needs the ``-shm`` SQLite cannot make there: 78, never "try again" (75)."""
+    (initialised / "pool.db-wal").touch()
+    before, ro = files(initialised), read_only_mount(initialised)
+    for args in (("status",), ("rows",)):
+        refused(poolctl(initialised, *args, prefix=ro), CONFIG, "pool store at", "read-only file system")
+    assert files(initialised) == before
+
+
+def test_reads_of_an_immutable_database_leave_no_wal_or_shm(initialised: Path) -> None:
+    before = files(initialised)
+    with immutable(initialised / "pool.db", initialised / "board.db"):
+        for args in READS:
+            done = poolctl(initialised, *args)
+            assert done.returncode == 0, (args, done.stderr)
+            assert files(initialised) == before, args
+        refused(poolctl(initialised, "requeue", "1"), CONFIG, "read-only")
+        refused(poolctl(initialised, "maintain", "--once"), CONFIG, "read-only")
+        refused(poolctl(initialised, "init"), CONFIG, "cannot migrate it", "read-only")
+    assert files(initialised) == before
+
+
+def test_a_database_in_a_directory_nothing_can_be_created_in_is_a_setting_not_busy(initialised: Path) -> None:
+    before = files(initialised)
+    with immutable(initialised):
+        for args in (*READS, ("init",)):
+            refused(poolctl(initialised, *args), CONFIG, "not writable by this user", "-shm")
+    assert files(initialised) == before
