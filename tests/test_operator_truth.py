@@ -2,21 +2,26 @@
 
 Issue 18: property tests are bounded by examples, not by wall time (finding 21); the suite
 leaves nothing in the temp folder (13); a database this process cannot write is read creating
-nothing (13) and refused as a setting, never as busy (7).
+nothing (13) and refused as a setting, never as busy (7); the Python API on a store init has
+not set up is a setting naming what to run (14).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from core.errors import ConfigError
+from store import PoolStore
 from tests.test_cli_errors import CONFIG, files, refused
 from tests.test_cli_errors import run as poolctl
 
@@ -183,3 +188,61 @@ def test_a_database_in_a_directory_nothing_can_be_created_in_is_a_setting_not_bu
         for args in (*READS, ("init",)):
             refused(poolctl(initialised, *args), CONFIG, "not writable by this user", "-shm")
     assert files(initialised) == before
+
+
+# --- the PoolStore Python API on a store `poolctl init` has not set up (finding 14) ---
+
+
+def _every_entry(store: PoolStore) -> list[Callable[[], object]]:
+    def in_a_session() -> None:
+        with store.session(readonly=True):
+            pass
+
+    def in_a_connection() -> None:
+        with store.connection():
+            pass
+
+    grant = {"board": "b", "task_id": "t", "run_id": 1, "worker_ordinal": 0, "attempt": 1, "fence": 1}
+    return [
+        lambda: store.offer(0, owner="w"),
+        lambda: store.add_run(board="b", task_id="t", run_id=1, ordinal=0, payload={}, now=1.0),
+        lambda: store.heartbeat({**grant, "delivery_id": "d1", "payload_digest": "0" * 64}),
+        in_a_session,
+        in_a_connection,
+    ]
+
+
+@pytest.mark.parametrize("setup", ["no file", "not initialised", "an empty file"])
+def test_the_python_api_on_a_store_init_has_not_set_up_names_it_and_what_to_run(
+    tmp_path: Path, setup: str
+) -> None:
+    path = tmp_path / "pool.db"
+    if setup == "not initialised":
+        sqlite3.connect(path).execute("CREATE TABLE other (x)").connection.close()
+    elif setup == "an empty file":
+        path.touch()
+    before = files(tmp_path)
+    named = rf"no pool store at sqlite:///{re.escape(str(path))}: run `poolctl init`"
+    store = PoolStore(f"sqlite:///{path}")
+    for call in _every_entry(store):
+        with pytest.raises(ConfigError, match=named):
+            call()
+    store.engine.dispose()
+    assert files(tmp_path) == before, "nothing is created"
+
+
+def test_the_python_api_in_a_missing_directory_is_a_setting_not_busy(tmp_path: Path) -> None:
+    store = PoolStore(f"sqlite:///{tmp_path}/nosuch/pool.db")
+    for call in _every_entry(store):
+        with pytest.raises(ConfigError, match=r"directory .*nosuch does not exist .*run `poolctl init`"):
+            call()
+    assert files(tmp_path) == []
+
+
+def test_the_python_api_works_once_init_has_run(tmp_path: Path) -> None:
+    store = PoolStore(f"sqlite:///{tmp_path}/pool.db")
+    with pytest.raises(ConfigError):
+        store.offer(0, owner="w")
+    assert poolctl(tmp_path, "init").returncode == 0
+    assert store.offer(0, owner="w") is None  # nothing assigned yet; the same instance now works
+    store.engine.dispose()
