@@ -3,7 +3,7 @@
 Issue 18: property tests are bounded by examples, not by wall time (finding 21); the suite
 leaves nothing in the temp folder (13); a database this process cannot write is read creating
 nothing (13) and refused as a setting, never as busy (7); the Python API on a store init has
-not set up is a setting naming what to run (14).
+not set up is a setting naming what to run (14); a demo takes its own workdir again (11).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import ConfigError
+from poolkeeper.demo import prepare_workdir
 from store import PoolStore
 from tests.test_cli_errors import CONFIG, files, refused
 from tests.test_cli_errors import run as poolctl
@@ -246,3 +247,18 @@ def test_the_python_api_works_once_init_has_run(tmp_path: Path) -> None:
     assert poolctl(tmp_path, "init").returncode == 0
     assert store.offer(0, owner="w") is None  # nothing assigned yet; the same instance now works
     store.engine.dispose()
+
+
+# --- poolctl demo --workdir: what a demo leaves there, a demo takes again (finding 11) ---
+
+
+@pytest.mark.integration
+def test_a_workdir_a_demo_used_is_taken_again_whatever_the_demo_wrote(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    args = ("demo", "--tasks", "3", "--poison", "0", "--pool-size", "2", "--timeout", "240")
+    done = poolctl(tmp_path, *args, "--workdir", str(workdir))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    left = files(workdir)
+    assert "serve.log" in left and "pool.db" in left, left
+    prepare_workdir(workdir)  # the check a second `poolctl demo --workdir` makes first: no refusal
+    assert files(workdir) == []
