@@ -8,11 +8,14 @@ Database failures surface by class (``translate``): "busy", "locked" and lost
 connections as ``TransientError``, a server refusing connections as ``Unavailable``
 (transient too), a URL, driver, directory or file that cannot work as ``ConfigError``.
 Nothing but ``migrate`` creates a database: ``require_schema`` looks for a SQLite
-file before connecting, since connecting would create it.
+file before connecting, since connecting would create it. A SQLite file this process
+cannot write, with no write-ahead log beside it, is opened immutable, so reading it
+creates nothing (``_sqlite_on_do_connect``).
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import os
@@ -81,6 +84,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         if url.startswith("sqlite"):
             kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
             engine = create_engine(url, **kwargs)
+            event.listen(engine, "do_connect", _sqlite_on_do_connect)
             event.listen(engine, "connect", _sqlite_on_connect)
             event.listen(engine, "begin", _sqlite_on_begin)
         else:
@@ -107,6 +111,26 @@ def _dispose_in_child(ref: weakref.ref[Engine]) -> None:
     engine = ref()
     if engine is not None:
         engine.dispose(close=False)  # forget the parent's connections without closing them
+
+
+def _sqlite_on_do_connect(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+    """Open a SQLite file this process cannot write, and that has no ``-wal`` beside it, immutable.
+
+    Reading a WAL database makes its ``-wal`` and ``-shm`` files; a reader that cannot
+    write the database (read-only or immutable, or on a read-only file system) cannot
+    checkpoint them away as it closes, so every ``poolctl status`` left them behind, owned
+    by whoever ran it (and on a read-only file system could not make them at all). With no
+    ``-wal`` there is nothing to read but the file itself, and no writer is connected (a
+    WAL connection keeps its ``-wal`` until the last one closes): ``immutable=1`` reads it
+    creating nothing. A write through such a connection fails as read-only (``translate``:
+    ``ConfigError``). A ``-wal`` present means someone may be writing: opened as always.
+    """
+    if cparams.get("uri") or not cargs or not isinstance(cargs[0], str) or cargs[0] in ("", ":memory:"):
+        return
+    path = Path(cargs[0])
+    if path.is_file() and not os.access(path, os.W_OK) and not Path(f"{path}-wal").exists():
+        cargs[0] = f"{path.resolve().as_uri()}?mode=ro&immutable=1"
+        cparams["uri"] = True
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -188,12 +212,19 @@ def translate(err: BaseException, what: str, url: URL | None = None) -> PoolErro
     ``Unavailable`` (transient too). A file or URL that cannot work: ``ConfigError``.
     """
     where = what if url is None else f"{what} at {mask_url(url)}"
+    if isinstance(err, OSError) and err.errno in _PERMANENT_ERRNOS:
+        return ConfigError(f"{where}: {_short(err)}")
     if isinstance(err, OSError | sa_exc.TimeoutError):
         return TransientError(f"{what}: {_short(err)}")
     if not isinstance(err, sa_exc.DBAPIError):
         return None
     if "sqlite" in type(err.orig).__module__:
         name = getattr(err.orig, "sqlite_errorname", "")
+        path = None if url is None else _sqlite_file(url)
+        if path is not None and name.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY")):
+            reason = cannot_open(path)
+            if reason is not None:  # else "unable to open" may pass (no file handles left, say)
+                return ConfigError(f"{where}: {reason} ({_short(err)})")
         for prefix, problem in _PERMANENT_SQLITE:
             if name.startswith(prefix):
                 return ConfigError(f"{where}: {problem} ({_short(err)})")
@@ -211,6 +242,33 @@ def translate(err: BaseException, what: str, url: URL | None = None) -> PoolErro
         return Unavailable(f"{where}: connection lost: {_short(err)}")
     if isinstance(err, sa_exc.OperationalError):  # serialization failure, deadlock, lock timeout
         return TransientError(f"{what}: {_short(err)}")
+    return None
+
+
+# A file system or file that refuses us: waiting does not change it.
+_PERMANENT_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def cannot_open(path: Path) -> str | None:
+    """Why SQLite cannot open ``path``, or make its ``-wal`` and ``-shm`` files beside it, for
+    good (a setting, not a moment: ``ConfigError``); None when the file system shows no reason.
+    """
+    directory = path.parent
+    if not directory.is_dir():
+        return f"directory {directory} does not exist (create it, then run `poolctl init`)"
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return f"{directory} is on a read-only file system"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return (
+            f"directory {directory} is not writable by this user "
+            "(SQLite in WAL mode creates the -wal and -shm files there)"
+        )
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is read-only for this user"
     return None
 
 
@@ -386,12 +444,19 @@ def require_creatable(engine: Engine, what: str) -> None:
     if path is None:
         return
     where = f"{what} at {mask_url(engine.url)}"
+    _require_a_place_for(path, where)
+    reason = cannot_open(path)
+    if reason is not None:  # `init` writes: a store it cannot write is no store for the plane
+        raise ConfigError(f"{where}: cannot {'migrate' if path.exists() else 'create'} it: {reason}")
+
+
+def _require_a_place_for(path: Path, where: str) -> None:
     if not path.parent.is_dir():
-        raise ConfigError(f"{where}: directory {path.parent} does not exist")
+        raise ConfigError(
+            f"{where}: directory {path.parent} does not exist (create it, then run `poolctl init`)"
+        )
     if path.exists() and not path.is_file():
         raise ConfigError(f"{where}: not a file")
-    if not path.exists() and not os.access(path.parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{where}: cannot create it: directory {path.parent} is not writable by this user")
 
 
 def require_schema(engine: Engine, package: str, what: str, *, writable: bool = False) -> None:
@@ -405,7 +470,7 @@ def require_schema(engine: Engine, package: str, what: str, *, writable: bool = 
     missing = ConfigError(f"no {where}: run `poolctl init`")
     path = _sqlite_file(engine.url)
     if path is not None:
-        require_creatable(engine, what)
+        _require_a_place_for(path, where)
         if not path.exists() or path.stat().st_size == 0:  # an empty file is what connecting creates
             raise missing
         if not os.access(path, os.R_OK):

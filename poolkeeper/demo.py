@@ -49,8 +49,12 @@ from store import PoolStore, queries
 from store.models import LIVE_STATES
 
 BOARD = "demo"
-# What a demo leaves in its folder: databases, logs (a restarted process gets an "r"), beat's schedule.
-DEMO_FILES = re.compile(r"(pool|board)\.db(-wal|-shm|-journal)?|(worker|beat)r*\.log|beatr*-schedule(\..+)?")
+# What a demo leaves in its folder: databases, the logs of its Celery processes (a restarted one
+# gets an "r") and of its `poolctl serve`, beat's schedule. tests/test_operator_truth.py runs a
+# demo and checks that this takes everything it left.
+DEMO_FILES = re.compile(
+    r"(pool|board)\.db(-wal|-shm|-journal)?|(worker|beat|serve)r*\.log|beatr*-schedule(\..+)?"
+)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,9 @@ class PoolStore:
         self.lineage_max_depth = lineage_max_depth
         self.engine = engine or db.make_engine(url)
         self.retry = retry or RetryPolicy()  # backoff of a row that ``offer`` finds unreadable
+        # Checked once before the first transaction (``_require_set_up``), when the store made its
+        # own engine. A caller that hands one in checks readiness itself (`poolctl serve`: /readyz).
+        self._set_up = engine is not None
 
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine | None = None) -> PoolStore:
@@ -66,13 +69,24 @@ class PoolStore:
     def migrate(self) -> None:
         """Create or upgrade the schema; a no-op when it is current."""
         db.migrate(self.engine, "store", metadata, "pool store")
+        self._set_up = True
 
     def require_schema(self, *, writable: bool = False) -> None:
         """``ConfigError`` unless ``migrate`` has set this store up (creates nothing)."""
         db.require_schema(self.engine, "store", "pool store", writable=writable)
+        self._set_up = True
+
+    def _require_set_up(self) -> None:
+        """Before this store's first transaction: one that ``poolctl init`` has not set up (no
+        file, a missing directory, no schema) is a ``ConfigError`` naming it and what to run,
+        and nothing is created: connecting would create the SQLite file, and every call then
+        failed on a missing table as a raw driver error (or, with no directory, as busy)."""
+        if not self._set_up:
+            self.require_schema()
 
     @contextmanager
     def session(self, *, readonly: bool = False) -> Iterator[Session]:
+        self._require_set_up()
         engine = db.readonly(self.engine) if readonly else self.engine
         with db.transaction(engine, "pool store") as s:
             yield s
@@ -80,6 +94,7 @@ class PoolStore:
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """A Core-level write transaction: the worker protocol's calls and the set-based batches."""
+        self._require_set_up()
         with db.transient_errors("pool store", self.engine.url), self.engine.begin() as conn:
             yield conn
 

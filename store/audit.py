@@ -188,9 +188,12 @@ def collect(s: Session, *, cutoff: float, batch: int) -> int:
 
     The newest event is always kept, so the highest id keeps counting the events
     written (``store.queries.audit_events_written``): without AUTOINCREMENT, SQLite
-    would start ids again at 1 in an emptied table.
+    would start ids again at 1 in an emptied table. The newest id is compared in SQL,
+    where an empty table's ``max`` is NULL and so matches nothing (a fresh store, or
+    one upgraded from migration 0003, has no events yet): nothing to collect, and the
+    sweep's rows and deliveries are collected all the same.
     """
-    newest = s.scalar(select(func.max(E.id)))
+    newest = select(func.max(E.id)).scalar_subquery()
     head = s.execute(select(E.id, E.at).where(E.id < newest).order_by(E.id).limit(batch)).all()
     old = 0
     while old < len(head) and head[old].at < cutoff:

@@ -9,7 +9,12 @@ no store write (SQLite has one writer), and readers (``poolctl serve``,
 
 Reader: ``read`` gives each registered pass's last scan, whether it is late
 (older than ``LATE_AFTER`` times its interval, or never seen), whether beat is
-alive (some pass is not late: beat is ticking), and the queue depth: messages
+alive, and the queue depth. Beat is judged from the passes that should have run
+by now: those at the tick interval (or shorter) run every tick, so beat is alive
+only while none of them is late. A pass at a longer interval (gc, hourly) is
+judged on its own (``late``) and does not speak for beat: one that scanned a
+minute ago would otherwise keep beat "alive" for hours after beat died, and a
+beat just started has not run it yet. The queue depth counts messages
 waiting in ``<POOL_NAMESPACE>.maintenance`` (kombu keeps one list per priority
 step; messages a worker already holds, such as retries with a countdown, are
 not waiting). When Redis does not answer every one of these is ``None``
@@ -104,7 +109,13 @@ def read(client: redis.Redis | None, settings: Settings, now: float, *, error: s
         last = _number(stamps.get(name.encode()))
         late = last is None or now - last > LATE_AFTER * interval
         scans.append(PassScan(name, interval, last, late))
-    return PlaneHealth(tuple(scans), sum(int(n) for n in lengths), any(not p.late for p in scans))
+    return PlaneHealth(tuple(scans), sum(int(n) for n in lengths), beat_alive(scans, settings))
+
+
+def beat_alive(scans: list[PassScan], settings: Settings) -> bool:
+    """No pass that runs every tick is late (the registry always has some: expire, results, ...)."""
+    every_tick = [p for p in scans if p.interval <= settings.tick_seconds]
+    return bool(every_tick) and not any(p.late for p in every_tick)
 
 
 def _number(raw: bytes | None) -> float | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +27,10 @@ from store.models import Assignment, RowState
 from store.models import metadata as store_metadata
 from tasks import failures
 from tasks.plane import LocalCoordination, Plane
+from tests import properties
 from tests.factories import NOW, RowFactory
+
+properties.load()  # before any test module builds its Hypothesis settings
 
 PG_URL = os.environ.get("POOL_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -44,6 +48,20 @@ def _postgres_database() -> str | None:
             raise RuntimeError(f"CI needs PostgreSQL at {PG_URL}: {err}") from err
         return None
     return PG_URL.rsplit("/", 1)[0] + "/" + name
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every Hypothesis test is a ``property`` test, bounded by its examples: no pytest-timeout.
+
+    A loaded machine (``make test`` beside other work) only makes it slower; the per-test
+    timeout of ``[tool.pytest.ini_options]`` still bounds every other test.
+    """
+    for item in items:
+        given = getattr(getattr(item, "function", None), "is_hypothesis_test", False)
+        if given and not item.get_closest_marker("property"):
+            item.add_marker(pytest.mark.property)
+        if item.get_closest_marker("property") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(0))
 
 
 @pytest.fixture(autouse=True)
@@ -78,6 +96,19 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
         tables = [*store_metadata.tables, *board_metadata.tables, *versions]
         conn.execute(text(f"DROP TABLE IF EXISTS {', '.join(tables)} CASCADE"))
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def store_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite store to copy per example: migrating once per run, in pytest's temp folder.
+
+    pytest keeps its last few runs' folders and removes older ones, so nothing piles up.
+    """
+    path = tmp_path_factory.mktemp("store-template") / "template.db"
+    template = PoolStore.from_settings(Settings(database_url=f"sqlite:///{path}"))
+    template.migrate()
+    template.engine.dispose()
+    return path
 
 
 @pytest.fixture

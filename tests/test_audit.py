@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck
-from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -33,11 +31,12 @@ from core.errors import DuplicateIdentity, InvalidInput, LostRace, NotFound, Ord
 from core.retry import RetryPolicy
 from poolkeeper import operator
 from store import Offer, PoolStore, audit, bookkeeping, queries, transitions
-from store.models import EventKind, RowState
+from store.models import Delivery, EventKind, RowState
 from tasks import failures, gc, registry, runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
 from tests.factories import NOW, OWNER, RowFactory, envelope, given_running, grant, row_state
+from tests.properties import budget
 from tests.test_cli import poolctl
 
 MATERIALIZE, EXPIRE = audit.by_pass("materialize"), audit.by_pass("expire")
@@ -522,15 +521,10 @@ class TrailMachine(RuleBasedStateMachine):
             )
 
 
+@pytest.mark.property
 def test_the_trail_replays_to_each_rows_state(store: PoolStore) -> None:
     run_state_machine_as_test(
-        type("OnThisBackend", (TrailMachine,), {"store": store}),
-        settings=hsettings(
-            max_examples=60,
-            stateful_step_count=25,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow],
-        ),
+        type("OnThisBackend", (TrailMachine,), {"store": store}), settings=budget(60, 25)
     )
 
 
@@ -562,3 +556,29 @@ def test_gc_keeps_the_newest_event_so_the_written_count_never_starts_again(store
     with store.session(readonly=True) as s:
         assert queries.audit_events_written(s) == 6
     assert [e["detail"] for e in trail(store, 1)] == ["e4", "e0"]
+
+
+def test_gc_on_an_empty_audit_table_still_collects_rows_and_deliveries(
+    plane: Plane, store: PoolStore, make_row: RowFactory
+) -> None:
+    """A fresh store, or one upgraded from 0003 with only terminal rows, has no events yet."""
+    retention = plane.settings.retention_seconds
+    now = NOW + 2 * retention
+    old = [
+        make_row(state, ordinal=i, updated_at=NOW)
+        for i, state in enumerate((RowState.FINALIZED, RowState.STALE))
+    ]
+    kept = make_row(RowState.FINALIZED, ordinal=2, updated_at=now - retention + 1)
+    with store.session() as s:
+        s.add(
+            Delivery(
+                delivery_id="d-old", assignment_id=old[0], kind="heartbeat", digest="0" * 64, created_at=NOW
+            )
+        )
+    assert event_count(store) == 0
+    with store.session() as s:
+        assert audit.collect(s, cutoff=now, batch=10) == 0
+    assert gc.collect(plane, now) == gc.Collected(rows=2, deliveries=1)
+    with store.session(readonly=True) as s:
+        assert [r.id for r in queries.rows(s)] == [kept]
+    assert runner.run_key(plane, "gc", "all", now) == "nothing"

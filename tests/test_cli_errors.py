@@ -458,11 +458,13 @@ def test_a_read_only_store_still_reports_and_refuses_writes_in_one_line(tmp_path
     assert board_tasks(tmp_path) == ["t1"]
 
 
-def test_a_read_only_store_in_a_read_only_directory_says_why_it_cannot_be_read(tmp_path: Path) -> None:
+def test_a_read_only_store_in_a_read_only_directory_is_read_creating_nothing(tmp_path: Path) -> None:
+    """No ``-wal``: nobody is writing, so it is opened immutable (``core.db``) and needs no ``-shm``."""
     init(tmp_path)
     before = files(tmp_path)
     with read_only(tmp_path, directory_too=True) as prefix:
-        refused(run(tmp_path, "status", prefix=prefix), CONFIG, "read-only for this user", "-shm")
+        assert run(tmp_path, "status", prefix=prefix).returncode == 0
+        refused(run(tmp_path, "requeue", "1", prefix=prefix), CONFIG, "pool store at", "read-only")
     assert files(tmp_path) == before
 
 

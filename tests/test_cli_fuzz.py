@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from poolkeeper.cli import main
 from poolkeeper.client import PoolClient
+from tests.properties import budget
 
 CODES = {0, 1, 2, 69, 75, 78}
 EXAMPLES = int(os.environ.get("POOL_CLI_FUZZ_EXAMPLES", "1000"))
@@ -84,6 +85,7 @@ def dump(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.filterwarnings("ignore")
+@pytest.mark.property
 def test_generated_argument_vectors_are_refused_cleanly_and_change_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -123,12 +125,7 @@ def test_generated_argument_vectors_are_refused_cleanly_and_change_nothing(
     assert poolctl(["board", "add", "b", "seed", "--id", "t1"])[0] == 0
     seen: dict[int, int] = {}
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    )
+    @budget(EXAMPLES, database=None, suppress=(HealthCheck.function_scoped_fixture,))
     @given(vectors)
     def refuse_cleanly(argv: list[str]) -> None:
         before = dump(tmp_path)

@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from sqlalchemy import delete, insert, select
 
@@ -31,6 +31,7 @@ from core import validate
 from core.errors import InvalidInput, PoolError
 from store import Offer, PoolStore
 from store.models import metadata
+from tests import properties
 from tests.factories import NOW, OWNER, envelope, given_running
 
 EXAMPLES = int(os.environ.get("POOL_FUZZ_EXAMPLES", "1000"))
@@ -219,6 +220,7 @@ def an_example(draw: st.DrawFn, holder: Offer) -> list[tuple[str, Any]]:
 
 
 def fuzz(store: PoolStore, examples: int) -> Counter[str]:
+    """``examples`` under the ``ci`` profile (``properties.examples`` says how many run)."""
     fuzzer = Fuzzer(store)
     # The holder's own owner: asking again for its grant changes nothing (a new owner re-grants).
     offer = partial(store.offer, owner=OWNER)
@@ -228,16 +230,9 @@ def fuzz(store: PoolStore, examples: int) -> Counter[str]:
         "offer": offer,
     }
 
-    @settings(
-        max_examples=examples,
-        deadline=None,
-        database=None,
-        suppress_health_check=[
-            HealthCheck.too_slow,
-            HealthCheck.data_too_large,
-            HealthCheck.large_base_example,
-        ],
-    )
+    too_large = (HealthCheck.data_too_large, HealthCheck.large_base_example)
+
+    @properties.budget(examples, database=None, suppress=too_large)
     @given(an_example(fuzzer.holder))
     def run(actions: list[tuple[str, Any]]) -> None:
         for kind, arg in actions:
@@ -250,11 +245,12 @@ def fuzz(store: PoolStore, examples: int) -> Counter[str]:
     return fuzzer.seen
 
 
+@pytest.mark.property
 def test_generated_envelopes_are_refused_cleanly_and_change_nothing(
     store: PoolStore, backend_url: str
 ) -> None:
-    examples = EXAMPLES if backend_url.startswith("sqlite") else max(EXAMPLES // 5, 50)
-    seen = fuzz(store, examples)
+    budget = EXAMPLES if backend_url.startswith("sqlite") else max(EXAMPLES // 5, 50)
+    seen, examples = fuzz(store, budget), properties.examples(budget)
     envelopes = sum(n for k, n in seen.items() if k.startswith(("heartbeat", "result")))
     assert envelopes == examples * ENVELOPES_PER_EXAMPLE, seen
     if examples >= 1000:
@@ -295,7 +291,7 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-@settings(max_examples=2000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@properties.budget(2000, database=None)
 @given(st.one_of(anything, st.dictionaries(keys, anything, max_size=6)))
 def test_document_accepts_only_json_it_can_canonicalise_and_refuses_the_rest_cleanly(value: Any) -> None:
     try:
@@ -324,7 +320,7 @@ clean_json = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None, database=None)
+@properties.budget(400, database=None)
 @given(st.dictionaries(plain_keys, clean_json, max_size=4), st.integers(0, 70))
 def test_document_accepts_every_clean_object_up_to_the_depth_limit(doc: dict[str, Any], wrap: int) -> None:
     value = {"v": nested(wrap, "mixed", leaf=doc)}

@@ -16,15 +16,14 @@ A refused or crashed call changes nothing.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -38,18 +37,16 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from core.errors import LineageLive, PoolError
-from core.settings import Settings
 from core.validate import canonical_json, sha256
 from store import Child, Envelope, Offer, PoolStore, lineage, queries, transitions, worker
 from store.models import RowState
 from store.models import metadata as store_metadata
 from tests.factories import envelope, grant
+from tests.properties import budget
 
 POOL, LEASE, MAX_ATTEMPTS, MAX_DEPTH = 2, 30.0, 2, 2
 LIVE = ("registered", "running")
-EXAMPLES = {"sqlite": 200, "postgres": 40}
-if os.environ.get("HYPOTHESIS_PROFILE") == "long":
-    EXAMPLES = {"sqlite": 2000, "postgres": 300}
+EXAMPLES = {"sqlite": 200, "postgres": 40}  # of 40 steps; ten times as many under HYPOTHESIS_PROFILE=long
 
 
 class Crash(Exception):
@@ -59,13 +56,14 @@ class Crash(Exception):
 class LineageMachine(RuleBasedStateMachine):
     url: ClassVar[str]  # set per backend by the tests below
     engine: ClassVar[Engine | None] = None  # PostgreSQL: one database, emptied per example
+    template: ClassVar[Path]  # SQLite: conftest's store_template, copied per example, beside it
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = None
         if self.engine is None:
-            self.dir = tempfile.mkdtemp(prefix="pk-lineage-")
-            shutil.copy(TEMPLATE, f"{self.dir}/pool.db")
+            self.dir = tempfile.mkdtemp(prefix="pk-lineage-", dir=self.template.parent)
+            shutil.copy(self.template, f"{self.dir}/pool.db")
             url = f"sqlite:///{self.dir}/pool.db"
         else:
             url = self.url
@@ -294,9 +292,11 @@ class LineageMachine(RuleBasedStateMachine):
             "register": lambda s: lineage.register(
                 s, lineage.Grant.parse(grant(g)), under=None, max_depth=MAX_DEPTH, now=self.now
             ),
-            "child": lambda s: kid
-            and lineage.deliver(
-                s, lineage.Report.parse({**kid.token(), "payload": {}}, with_result=True), now=self.now
+            "child": lambda s: (
+                kid
+                and lineage.deliver(
+                    s, lineage.Report.parse({**kid.token(), "payload": {}}, with_result=True), now=self.now
+                )
             ),
             "settle": lambda s: transitions.settle(
                 s, g.row_id, RowState.STALE, expect_state="running", expect_attempt=g.attempt, now=self.now
@@ -343,31 +343,21 @@ def _envelope(g: Offer, delivery_id: str, as_result: bool) -> dict[str, Any]:
     return envelope(g, delivery_id, **({"payload": {"status": "done"}} if as_result else {}))
 
 
-TEMPLATE_DIR = tempfile.mkdtemp(prefix="pk-lineage-template-")
-TEMPLATE = f"{TEMPLATE_DIR}/template.db"
-
-
-def _run(url: str, engine: Engine | None, examples: int) -> None:
-    machine = type("Machine", (LineageMachine,), {"url": url, "engine": engine})
+def _run(url: str, engine: Engine | None, examples: int, template: Path | None = None) -> None:
+    machine = type("Machine", (LineageMachine,), {"url": url, "engine": engine, "template": template})
     run_state_machine_as_test(
         machine,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=40,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow],
-        ),
+        settings=budget(examples, 40),
     )
 
 
-def test_lineage_machine_on_sqlite() -> None:
-    template = PoolStore.from_settings(Settings(database_url=f"sqlite:///{TEMPLATE}"))
-    template.migrate()
-    template.engine.dispose()
-    _run("", None, EXAMPLES["sqlite"])
+@pytest.mark.property
+def test_lineage_machine_on_sqlite(store_template: Path) -> None:
+    _run("", None, EXAMPLES["sqlite"], store_template)
 
 
 @pytest.mark.postgres
+@pytest.mark.property
 def test_lineage_machine_on_postgres(postgres_url: str) -> None:
     store = PoolStore(postgres_url)
     store.migrate()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import fakeredis
 import redis
 
@@ -19,7 +21,7 @@ def test_a_finished_scan_stamps_its_pass(plane: Plane) -> None:
     assert plane.coord.scans == {"expire": NOW}
 
 
-def test_passes_are_late_after_three_intervals_and_beat_is_alive_while_one_is_not() -> None:
+def test_each_pass_is_late_after_three_of_its_own_intervals_without_a_scan() -> None:
     client = fakeredis.FakeRedis()
     coord = RedisCoordination(client, SETTINGS)
     coord.record_scan("expire", NOW - 3 * 5 + 1)  # just inside
@@ -28,9 +30,51 @@ def test_passes_are_late_after_three_intervals_and_beat_is_alive_while_one_is_no
     got = {p.name: p for p in liveness.read(client, SETTINGS, NOW).scans}
     assert (got["expire"].late, got["results"].late, got["gc"].late) == (False, True, False)
     assert (got["reconcile"].last, got["reconcile"].late) == (None, True)  # never scanned
-    assert liveness.read(client, SETTINGS, NOW).beat_alive is True
-    assert liveness.read(client, SETTINGS, NOW + 3 * 3600).beat_alive is False
     assert set(got) == {p.name for p in registry.PASSES}
+
+
+def every_pass_scanned(client: fakeredis.FakeRedis, at: float) -> None:
+    for p in registry.PASSES:
+        RedisCoordination(client, SETTINGS).record_scan(p.name, at)
+
+
+def test_beat_is_not_alive_once_a_pass_at_the_tick_interval_is_late() -> None:
+    """Beat died after every pass scanned: dead within 3 ticks, though reconcile and gc are on time."""
+    client = fakeredis.FakeRedis()
+    every_pass_scanned(client, NOW)
+    assert liveness.read(client, SETTINGS, NOW + 3 * 5).beat_alive is True
+    health = liveness.read(client, SETTINGS, NOW + 3 * 5 + 1)
+    late = {p.name: p.late for p in health.scans}
+    assert late == {"expire": True, "lease_failures": True, "results": True, "reconcile": False,
+                    "materialize": True, "gc": False}  # fmt: skip
+    assert health.beat_alive is False
+    assert metric(client, NOW + 3 * 5 + 1, "poolkeeper_beat_alive") == 0
+
+
+def test_one_tick_pass_that_stopped_scanning_is_enough_for_beat_not_alive() -> None:
+    client = fakeredis.FakeRedis()
+    every_pass_scanned(client, NOW)
+    RedisCoordination(client, SETTINGS).record_scan("expire", NOW - 3 * 5 - 1)
+    assert liveness.read(client, SETTINGS, NOW).beat_alive is False
+
+
+def test_a_beat_just_started_is_alive_before_its_slower_passes_first_run() -> None:
+    """Beat runs gc and reconcile first one interval after it starts: never scanned, late on their own."""
+    client = fakeredis.FakeRedis()
+    for p in registry.PASSES:
+        if p.interval(SETTINGS) == SETTINGS.tick_seconds:
+            RedisCoordination(client, SETTINGS).record_scan(p.name, NOW)
+    health = liveness.read(client, SETTINGS, NOW + 1)
+    assert health.beat_alive is True
+    assert {p.name for p in health.scans if p.late} == {"reconcile", "gc"}
+    assert metric(client, NOW + 1, "poolkeeper_beat_alive") == 1
+    assert liveness.read(fakeredis.FakeRedis(), SETTINGS, NOW).beat_alive is False  # nothing ever scanned
+
+
+def metric(client: fakeredis.FakeRedis, now: float, name: str) -> float:
+    with mock.patch("time.time", return_value=now):
+        found = {m.name: m for m in metrics.PlaneCollector(SETTINGS, client).collect()}
+    return float(found[name].samples[0].value)
 
 
 def test_queue_depth_counts_every_priority_list_of_this_namespace_only() -> None:

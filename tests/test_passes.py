@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 from hypothesis import given
-from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
@@ -24,6 +23,7 @@ from tasks import failures, registry, runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
 from tests.factories import NOW, OWNER, RowFactory, row_state, scanned
+from tests.properties import budget
 
 
 def dispatched(plane: Plane) -> list[dict[str, Any]]:
@@ -547,7 +547,7 @@ def test_a_store_only_batch_splits_around_its_poisoned_rows(
     n=st.integers(min_value=0, max_value=300),
     poisoned=st.sets(st.integers(min_value=0, max_value=299), max_size=40),
 )
-@hsettings(max_examples=200, deadline=None)
+@budget(200)
 def test_isolate_finds_exactly_the_failing_keys_and_does_every_other_once(n: int, poisoned: set[int]) -> None:
     keys = list(range(n))
     bad = {k for k in poisoned if k < n}

@@ -2,20 +2,19 @@
 
 The invariants are numbered as in docs/design.md.
 
-Profiles: ``ci`` (the default, a few hundred examples) and ``long``
-(``HYPOTHESIS_PROFILE=long``) for a deeper search on demand.
+Bounded by examples (``tests/properties.py``): 200 runs of 30 steps under the ``ci``
+profile, ten times as many under ``HYPOTHESIS_PROFILE=long``.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sqlalchemy import text
@@ -25,31 +24,11 @@ from core.settings import Settings
 from store import Offer, PoolStore, queries, rows, transitions
 from store.models import RowState
 from tests.factories import OWNER, envelope
-
-settings.register_profile(
-    "ci",
-    max_examples=200,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "long",
-    max_examples=3000,
-    stateful_step_count=80,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+from tests.properties import budget
 
 POOL = 3
 LEASE = 30.0
 MAX_ATTEMPTS = 2
-TEMPLATE_DIR = tempfile.mkdtemp(prefix="pk-template-")
-TEMPLATE = f"{TEMPLATE_DIR}/template.db"
-_tpl = PoolStore.from_settings(Settings(database_url=f"sqlite:///{TEMPLATE}"))
-_tpl.migrate()
-_tpl.engine.dispose()
 
 
 @dataclass
@@ -63,10 +42,12 @@ class Model:
 
 
 class StoreMachine(RuleBasedStateMachine):
+    template: ClassVar[Path]  # conftest's store_template (set below): copied per example, beside it
+
     def __init__(self) -> None:
         super().__init__()
-        self.dir = tempfile.mkdtemp(prefix="pk-prop-")
-        shutil.copy(TEMPLATE, f"{self.dir}/pool.db")
+        self.dir = tempfile.mkdtemp(prefix="pk-prop-", dir=self.template.parent)
+        shutil.copy(self.template, f"{self.dir}/pool.db")
         self.store = PoolStore.from_settings(
             Settings(
                 database_url=f"sqlite:///{self.dir}/pool.db",
@@ -304,4 +285,10 @@ def _envelope(holder: Offer, delivery_id: str, as_result: bool) -> dict[str, Any
     return envelope(holder, delivery_id, **result)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _template(store_template: Path) -> None:
+    StoreMachine.template = store_template
+
+
 TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine.settings = budget(200, 30)
