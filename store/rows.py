@@ -36,4 +36,3 @@ def guarded(s: Session, row_id: int, what: str, expect: dict[Any, Any], **values
     if s.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
         described = ", ".join(f"{col.key}={val}" for col, val in expect.items())
         raise LostRace(f"{what}: row {row_id} changed under us (expected {described})")
-

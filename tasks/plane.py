@@ -433,7 +433,8 @@ class Plane:
         A Redis URL that cannot work is a ``ConfigError``; nothing connects yet.
         """
         store = store or PoolStore.from_settings(settings)
-        return cls(settings, store, with_faults(kanban or open_board(settings), settings), coordination(settings))
+        board = with_faults(kanban or open_board(settings), settings)
+        return cls(settings, store, board, coordination(settings))
 
 
 def coordination(settings: Settings) -> Coordination:

@@ -73,7 +73,7 @@ def test_a_beat_just_started_is_alive_before_its_slower_passes_first_run() -> No
 
 def metric(client: fakeredis.FakeRedis, now: float, name: str) -> float:
     with mock.patch("time.time", return_value=now):
-        found = {m.name: m for m in metrics.PlaneCollector(SETTINGS, client).collect()}
+        found = {m.name: m for m in collectors.PlaneCollector(SETTINGS, client).collect()}
     return float(found[name].samples[0].value)
 
 

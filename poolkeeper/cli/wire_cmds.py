@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 from poolkeeper.cli.base import (
     JsonOpt,
     _emit,
-    _fail,
     _settings,
     app,
 )
