@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import functools
 import itertools
 import json
 import math
@@ -52,9 +53,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Engine, create_engine, text
 
-from board import KanbanBoard
+from board import Board, open_board
 from core.errors import PoolError
 from core.settings import Settings
 from poolkeeper import operator, tokens
@@ -255,14 +256,20 @@ class Soak:
 
         return spawn
 
+    @functools.cached_property
+    def board_db(self) -> Engine:
+        """The built-in board's database, read directly for what the Board protocol does not
+        say: every claim ever made, with its start (the ``runs`` table)."""
+        return create_engine(self.settings.board_url)
+
     def start(self) -> None:
         self.managed.append(Managed("redis", "redis", self._redis))
         self.managed[-1].start()
         subprocess.run([*POOLCTL, "init"], env=self.env, check=True, capture_output=True, timeout=120)
-        kanban = KanbanBoard(self.settings.board_url)
+        kanban = open_board(self.settings)
         for i in range(self.args.tasks):
             kanban.add_task(BOARD, f"soak task {i}", task_id=f"{self.task_kind(i)}-{i:05d}")
-        kanban.engine.dispose()
+        kanban.close()
         for kind, n in (("celery-worker", 2), ("beat", 2)):
             for i in range(1, n + 1):
                 m = Managed(kind, f"{kind}{i}", self._celery("worker" if kind == "celery-worker" else "beat"))
@@ -354,7 +361,7 @@ class Soak:
     # --- the sampler ---------------------------------------------------------------
 
     def sample_forever(self, every: float = 0.25) -> None:
-        store, kanban = PoolStore.from_settings(self.settings), KanbanBoard(self.settings.board_url)
+        store, kanban = PoolStore.from_settings(self.settings), open_board(self.settings)
         try:
             while not self.stop_sampling.wait(every):
                 try:
@@ -363,13 +370,13 @@ class Soak:
                     self.watch.errors[type(err).__name__] += 1
         finally:
             store.engine.dispose()
-            kanban.engine.dispose()
+            kanban.close()
 
-    def sample(self, store: PoolStore, kanban: KanbanBoard) -> None:
+    def sample(self, store: PoolStore, kanban: Board) -> None:
         w, now = self.watch, time.time()
         counts = kanban.counts_by_status()
         running = kanban.running_tasks(BOARD)
-        with kanban.engine.connect() as conn:
+        with self.board_db.connect() as conn:
             claims = int(conn.scalar(text("SELECT count(*) FROM runs")) or 0)
         with store.session(readonly=True) as s:
             rows = queries.rows_of_tasks(s, BOARD, [t.id for t in running])
@@ -461,11 +468,11 @@ class Soak:
     # --- the report ----------------------------------------------------------------
 
     def report(self) -> int:
-        kanban = KanbanBoard(self.settings.board_url)
+        kanban = open_board(self.settings)
         counts = kanban.counts_by_status()
-        with kanban.engine.connect() as conn:
+        with self.board_db.connect() as conn:
             claim_times = sorted(float(t) for (t,) in conn.execute(text("SELECT started_at FROM runs")))
-        kanban.engine.dispose()
+        kanban.close()
         records = _read_log(self.exec_log)
         starts = [r for r in records if r["ev"] == "start"]
         ends = {(r["pid"], r["key"]): r for r in records if r["ev"] == "end"}
