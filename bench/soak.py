@@ -247,6 +247,7 @@ class Soak:
         url = f"http://127.0.0.1:{self.serve_port}"
         argv = [*POOLCTL, "worker", "--ordinal", str(ordinal), "--command", command, "--url", url]
         argv += ["--token-file", str(token_file), "--poll", str(self.args.poll)]
+        argv += ["--state-dir", str(self.workdir / "worker-state")]  # what a restarted worker finds
 
         def spawn(name: str) -> subprocess.Popen[bytes]:
             with (self.workdir / f"{name}.log").open("ab") as out:

@@ -75,7 +75,7 @@ from core import validate
 from core.errors import InvalidInput, NotFound, PoolError, ProtocolError, TransientError
 from core.retry import RetryPolicy
 from poolkeeper.client import Grant, GrantRef, PoolClient, Refused, new_delivery_id
-from poolkeeper.worker_state import GROUP, RESULT, Group, StateDir, end_predecessor
+from poolkeeper.worker_state import GROUP, RESULT, Group, StateDir, default_dir, end_predecessor
 
 log = logging.getLogger("poolkeeper.worker")
 TAIL_BYTES = 4096
@@ -300,7 +300,7 @@ class CommandWorker:
         self.owner = owner or default_owner()
         self.poll, self.once = poll_seconds, once
         self.stopping = threading.Event()
-        self.state = StateDir(state_dir, ordinal)
+        self.state = StateDir(state_dir or default_dir(client.url), ordinal)
         self.group: Group | None = None  # the running command's, until it is gone
         self.lease_end = 0.0  # the current grant's, by this host's clock
         self.answered: collections.deque[int] = collections.deque(maxlen=64)  # fences never to run again

@@ -12,15 +12,19 @@
   once the store accepted or refused it.
 
 Files are replaced atomically (a temporary file, fsync, rename, fsync of the directory).
-The default base (``default_base``) is ``$XDG_RUNTIME_DIR/poolkeeper``, else
-``/run/poolkeeper`` for root, else ``<tmp>/poolkeeper-<uid>``: a runtime directory, emptied
-at boot, which ends every process and lease the files could name.
+The default (``default_dir``) is ``<base>/pool-<digest of the server URL>``, the base
+``$XDG_RUNTIME_DIR/poolkeeper``, else ``/run/poolkeeper`` for root, else
+``<tmp>/poolkeeper-<uid>``: a runtime directory, emptied at boot, which ends every process
+and lease the files could name. The URL's digest keeps the workers of two pools on one
+host (two servers, or a test beside a deployment) out of each other's ordinals; a
+supervisor that may change how it spells the URL names the directory (``--state-dir``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -41,20 +45,22 @@ PROC = Path("/proc")
 GROUP, RESULT = "group.json", "result.json"
 
 
-def default_base() -> Path:
+def default_dir(url: str) -> Path:
+    """Where the workers of the pool served at ``url`` keep their ordinals' state on this host."""
+    pool = f"pool-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     if runtime:
-        return Path(runtime) / "poolkeeper"
+        return Path(runtime) / "poolkeeper" / pool
     if hasattr(os, "geteuid") and os.geteuid() == 0:
-        return Path("/run/poolkeeper")
-    return Path(tempfile.gettempdir()) / f"poolkeeper-{os.getuid()}"
+        return Path("/run/poolkeeper") / pool
+    return Path(tempfile.gettempdir()) / f"poolkeeper-{os.getuid()}" / pool
 
 
 class StateDir:
     """One ordinal's directory; ``lock`` first, then read and write its records."""
 
-    def __init__(self, base: Path | None, ordinal: int) -> None:
-        self.path = (base or default_base()) / f"ordinal-{ordinal}"
+    def __init__(self, base: Path, ordinal: int) -> None:
+        self.path = base / f"ordinal-{ordinal}"
         self._lock: int | None = None
 
     def lock(self) -> None:

@@ -120,7 +120,7 @@ def test_a_killed_workers_children_are_retired_after_expiry_and_refused_after(
     token = tokens.ordinal_token(SECRET, 0)
     worker = subprocess.Popen(
         [*POOLCTL, "worker", "--ordinal", "0", "--command", command, "--url", server.url, "--poll", "0.1"],
-        env={**os.environ, "POOL_WORKER_TOKEN": token},
+        env={**os.environ, "POOL_WORKER_TOKEN": token, "POOL_WORKER_STATE_DIR": str(tmp_path / "state")},
         stdout=subprocess.DEVNULL,
         stderr=(tmp_path / "worker.log").open("wb"),
     )

@@ -105,7 +105,8 @@ def worker(
             envvar="POOL_WORKER_STATE_DIR",
             show_default=False,
             help="Where each ordinal's lock, command's process group and spooled result are kept"
-            " (default: $XDG_RUNTIME_DIR/poolkeeper, /run/poolkeeper for root, else under the tmp dir).",
+            " (default: $XDG_RUNTIME_DIR/poolkeeper, /run/poolkeeper for root, else under the tmp dir;"
+            " then a folder per --url).",
         ),
     ] = None,
 ) -> None:
