@@ -10,108 +10,24 @@ import signal
 import sqlite3
 import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-from board import KanbanBoard, TaskStatus
+from board import TaskStatus
 from core.errors import StaleHolder
-from core.settings import Settings
-from poolkeeper.embedded import CeleryProc, RedisServer, free_port, supervise, wait_for
+from poolkeeper.embedded import CeleryProc, free_port, wait_for
 from poolkeeper.simulate import Faults, SimPool, envelope
-from store import PoolStore, queries
+from store import PoolStore
 from tasks import registry, scan
 from tasks.declaration import Outcome
 from tasks.plane import Plane, RedisCoordination, process_task, queue_name
 from tests.factories import OWNER
+from tests.helpers import PlaneEnv, make_settings
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class PlaneEnv:
-    tmp: Path
-    redis: RedisServer
-    settings: Settings
-    store: PoolStore
-    kanban: KanbanBoard
-    procs: list[CeleryProc] = field(default_factory=list)
-
-    def worker(self, name: str = "w1") -> CeleryProc:
-        proc = CeleryProc("worker", self.settings.env(), self.tmp, name)
-        self.procs.append(proc)
-        return proc.wait_ready()
-
-    def beat(self, name: str = "beat") -> CeleryProc:
-        proc = CeleryProc("beat", self.settings.env(), self.tmp, name)
-        self.procs.append(proc)
-        return proc.wait_ready()
-
-    def supervise(self) -> bool:
-        """Restart what crashed, as systemd's Restart=always does in production; always False."""
-        self.procs = supervise(self.procs, self.settings.env(), self.tmp)
-        return False
-
-    def add_tasks(self, n: int, prefix: str = "t") -> list[str]:
-        return [self.kanban.add_task("b", f"task {i}", task_id=f"{prefix}{i:03d}") for i in range(n)]
-
-    def rows(self) -> dict[str, Any]:
-        with self.store.session(readonly=True) as s:
-            return {r.task_id: r for r in queries.rows(s, limit=100_000)}
-
-    def board_done(self, ids: list[str]) -> bool:
-        done = {t.id for t in self.kanban.list_tasks("b", TaskStatus.DONE)}
-        return set(ids) <= done
-
-    def board_settled(self, ids: list[str]) -> bool:
-        """Every task done, or parked after its last fenced attempt."""
-        ended = {
-            t.id for t in self.kanban.list_tasks("b") if t.status in (TaskStatus.DONE, TaskStatus.BLOCKED)
-        }
-        return set(ids) <= ended
-
-
-def make_settings(tmp: Path, redis_url: str, **over: Any) -> Settings:
-    base: dict[str, Any] = dict(
-        database_url=f"sqlite:///{tmp}/pool.db",
-        board_url=f"sqlite:///{tmp}/board.db",
-        redis_url=redis_url,
-        pool_size=4,
-        lease_seconds=2.0,
-        max_attempts=2,
-        tick_seconds=0.3,
-        reconcile_seconds=1.0,
-        gc_seconds=5.0,
-        quarantine_after=3,
-        backoff_base_seconds=0.2,
-        backoff_max_seconds=1.0,
-        quarantine_retry_seconds=3.0,
-        transient_retries=3,
-        task_time_limit=10.0,
-        visibility_timeout=15.0,
-        batch_size=10,
-    )
-    base.update(over)
-    return Settings(**base)
-
-
-@pytest.fixture
-def env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PlaneEnv]:
-    server = RedisServer(tmp_path).start()
-    marker = request.node.get_closest_marker("plane_settings")
-    settings = make_settings(tmp_path, server.url, **(marker.kwargs if marker else {}))
-    store, kanban = PoolStore.from_settings(settings), KanbanBoard(settings.board_url)
-    store.migrate()
-    kanban.migrate()
-    e = PlaneEnv(tmp_path, server, settings, store, kanban)
-    yield e
-    for proc in e.procs:
-        proc.stop()
-    server.stop()
 
 
 def assert_one_live_row_per_ordinal(e: PlaneEnv) -> None:
