@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -18,9 +19,10 @@ from sqlalchemy import text
 
 from board import TaskStatus
 from core.errors import StaleHolder
+from poolkeeper.client import envelope
 from poolkeeper.embedded import CeleryProc, free_port, wait_for
-from poolkeeper.simulate import Faults, SimPool, envelope
-from store import PoolStore
+from poolkeeper.simulate import Faults, SimPool
+from store import Offer, PoolStore
 from tasks import registry, scan
 from tasks.declaration import Outcome
 from tasks.plane import Plane, RedisCoordination, process_task, queue_name
@@ -70,19 +72,21 @@ def test_expiry_fences_the_old_holder_then_parks_the_exact_run(env: PlaneEnv) ->
         lambda: next(filter(None, (env.store.offer(o, owner=OWNER) for o in range(4))), None),
         30,
     )
-    row = first.row_id  # type: ignore[attr-defined]
+    assert isinstance(first, Offer)
 
-    def reoffered() -> Any:  # asked again by its holder, the live grant comes back unchanged
-        again = env.store.offer(first.ordinal, owner=OWNER)  # type: ignore[attr-defined]
+    def reoffered() -> Offer | None:  # asked again by its holder, the live grant comes back unchanged
+        again = env.store.offer(first.ordinal, owner=OWNER)
         return again if again is not None and again.attempt == 2 else None
 
     second = wait_for("the re-offer with attempt 2", reoffered, 30)
-    assert (second.attempt, second.row_id) == (2, row)  # type: ignore[attr-defined]
-    assert second.fence > first.fence  # type: ignore[attr-defined]
-    for stale in (
+    assert isinstance(second, Offer)
+    assert (second.attempt, second.row_id) == (2, first.row_id)
+    assert second.fence > first.fence
+    stale_writes: list[Callable[[], object]] = [
         lambda: env.store.heartbeat(envelope(first)),
         lambda: env.store.accept_result(envelope(first, payload={"status": "done"})),
-    ):
+    ]
+    for stale in stale_writes:
         with pytest.raises(StaleHolder):
             stale()
     wait_for("the run parked and the row finalized", lambda: env.rows()[task].state == "finalized", 30)
