@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from core.errors import StaleHolder, TransientError
+from core.errors import ConfigError, PoolError, StaleHolder, TransientError
 from store import Envelope, PoolStore, audit, transitions, worker
 from store.models import RowState
 from tests.factories import NOW, OWNER, envelope, given_running, row_state
@@ -261,14 +261,17 @@ def _wait_until_waiting(store: PoolStore, t: threading.Thread) -> None:
 
 
 @pytest.mark.parametrize(
-    "url",
-    ["postgresql+psycopg://postgres@127.0.0.1:1/test", "sqlite:////nonexistent-dir/pool.db"],
+    ("url", "refusal"),
+    [
+        ("postgresql+psycopg://postgres@127.0.0.1:1/test", TransientError),  # a server that may come back
+        ("sqlite:////nonexistent-dir/pool.db", ConfigError),  # a setting: no directory to open it in
+    ],
     ids=["postgres", "sqlite"],
 )
-def test_nothing_is_granted_when_the_store_cannot_be_reached(url: str) -> None:
+def test_nothing_is_granted_when_the_store_cannot_be_reached(url: str, refusal: type[PoolError]) -> None:
     store = PoolStore(url)
     try:
-        with pytest.raises(TransientError, match="pool store"):
+        with pytest.raises(refusal, match="pool store"):
             store.offer(0, owner=OWNER, now=NOW)
     finally:
         store.engine.dispose()
