@@ -4,7 +4,7 @@ Every call may raise ``TransientError`` (other writers share the board's
 database). ``block_task`` and ``complete_task`` are compare-and-set on the
 task's current run: they act on exactly that run or return ``False``.
 Boards are opened by ``board.open_board(settings)``, which picks the backend
-from ``POOL_BOARD_URL``'s scheme; ``tests/test_board_contract.py`` holds every
+from ``POOL_BOARD_URL``'s scheme; ``tests/board/test_contract.py`` holds every
 backend to this protocol.
 """
 

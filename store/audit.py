@@ -32,7 +32,7 @@ MAX_ACTOR_CHARS = 64
 OPERATOR = "operator"
 # The default of every writer's ``actor``: code that predates the trail (store.worker, the
 # benches, branches in flight) keeps working and says so, rather than being given a guess.
-# The plane and the operator paths always name themselves (tests/test_audit.py holds them to it).
+# The plane and the operator paths always name themselves (tests/store/test_audit.py holds them to it).
 UNATTRIBUTED = "unattributed"
 
 

@@ -1,4 +1,4 @@
-"""Debian's Chromium driven by Selenium, for tests/test_console.py and bench/console_screenshots.py.
+"""Debian's Chromium driven by Selenium, for tests/server/test_console.py and bench/console_screenshots.py.
 
 Both executables are named, so Selenium Manager never looks for (or downloads)
 a browser or a driver. The flags keep headless Chromium off the network, which

@@ -1,4 +1,4 @@
-"""Shared test helpers: the fixed clock, row and envelope factories, reading a row back.
+"""Shared test helpers: the fixed clock, row and envelope factories, reading a row back, driving a pass.
 
 Test modules import these from here, never from each other.
 """
@@ -13,11 +13,12 @@ from typing import Any
 
 from sqlalchemy import text
 
+from board import Board
 from core.settings import Settings
 from poolkeeper import client
 from poolkeeper.embedded import ServeProc
-from store import Offer, PoolStore
-from tasks import registry, scan
+from store import Offer, PoolStore, queries
+from tasks import registry, runner, scan
 from tasks.plane import Plane
 
 NOW = 1_800_000_000.0  # the fixed clock of the unit tests
@@ -71,3 +72,56 @@ def scanned(plane: Plane, pass_name: str, now: float = NOW) -> dict[str, list[An
     for name, keys in queued.items():  # submitted means pending: clear, as a worker would
         plane.coord.clear_pending(name, [registry.get(name).key_name(k) for k in keys])
     return {name: keys for name, keys in queued.items() if keys}
+
+
+# --- driving the passes (tests/passes/) ---------------------------------------------
+
+
+def dispatched(plane: Plane) -> list[dict[str, Any]]:
+    """The claims dispatch handed to materialize this tick."""
+    return scanned(plane, "materialize").get("materialize", [])
+
+
+def claimed(plane: Plane, kanban: Board, n: int = 1, board: str = "b") -> list[int]:
+    """Given n tasks claimed by dispatch and materialized: their row ids."""
+    for i in range(n):
+        kanban.add_task(board, f"task {i}", task_id=f"{board}{i}")
+    for claim in scanned(plane, "materialize")["materialize"]:
+        assert runner.run_key(plane, "materialize", claim, NOW) == "added"
+    with plane.store.session() as s:
+        return [r.id for r in queries.rows(s)][-n:]
+
+
+def running_row(plane: Plane, kanban: Board) -> int:
+    """Given one claimed task whose row its ordinal's worker holds: the row id."""
+    [row] = claimed(plane, kanban)
+    ordinal = row_state(plane.store, row)["ordinal"]
+    assert plane.store.offer(ordinal, owner=OWNER, now=NOW) is not None
+    return row
+
+
+def lease_failed_row(plane: Plane, kanban: Board) -> int:
+    """Given a held row whose last attempt's lease ended: the row id."""
+    row = running_row(plane, kanban)
+    with plane.store.session() as s:
+        s.execute(text("UPDATE assignments SET state='lease_failed', attempt=3 WHERE id=:i"), {"i": row})
+    return row
+
+
+def deliver(plane: Plane, row: int, payload: dict[str, Any]) -> None:
+    """The row's holder delivers ``payload`` as its result."""
+    r = row_state(plane.store, row)
+    plane.store.accept_result(
+        {
+            "delivery_id": f"r{row}",
+            "board": r["board"],
+            "task_id": r["task_id"],
+            "run_id": r["run_id"],
+            "worker_ordinal": r["ordinal"],
+            "attempt": r["attempt"],
+            "fence": r["fence"],
+            "payload_digest": r["payload_digest"],
+            "payload": payload,
+        },
+        now=NOW,
+    )

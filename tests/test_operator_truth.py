@@ -23,8 +23,8 @@ import pytest
 from core.errors import ConfigError
 from poolkeeper.demo import prepare_workdir
 from store import PoolStore
-from tests.test_cli_errors import CONFIG, files, refused
-from tests.test_cli_errors import run as poolctl
+from tests.helpers import CONFIG, files, refused
+from tests.helpers import run as poolctl
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -87,8 +87,8 @@ def test_every_hypothesis_test_is_bounded_by_its_examples_not_the_per_test_timeo
     """A loaded machine makes a property test slower, never a failure (finding 21)."""
     files = sorted(
         str(p.relative_to(REPO))
-        for p in (REPO / "tests").glob("test_*.py")
-        if "from hypothesis" in p.read_text() and p.name != Path(__file__).name
+        for p in (REPO / "tests").rglob("test_*.py")
+        if "from hypothesis" in p.read_text() and p != Path(__file__).resolve()
     )
     (tmp_path / "hypothesis_report.py").write_text(_REPORT_PLUGIN)
     report = tmp_path / "report.json"

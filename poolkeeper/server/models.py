@@ -64,7 +64,7 @@ class Envelope(Strict):
 
     def checked(self, pool_size: int) -> StoreEnvelope:
         """The store's envelope, from the fields as validated here; the pool's size is the one bound
-        a model cannot know (``tests/test_wire.py`` holds the two classes to the same fields)."""
+        a model cannot know (``tests/server/test_wire.py`` holds the two classes to the same fields)."""
         return StoreEnvelope(
             delivery_id=self.delivery_id,
             board=self.board,

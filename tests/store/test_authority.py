@@ -263,8 +263,8 @@ def _wait_until_waiting(store: PoolStore, t: threading.Thread) -> None:
 @pytest.mark.parametrize(
     ("url", "refusal"),
     [
-        ("postgresql+psycopg://postgres@127.0.0.1:1/test", TransientError),  # a server away: wait
-        ("sqlite:////nonexistent-dir/pool.db", ConfigError),  # no such directory: a setting to fix
+        ("postgresql+psycopg://postgres@127.0.0.1:1/test", TransientError),  # a server that may come back
+        ("sqlite:////nonexistent-dir/pool.db", ConfigError),  # a setting: no directory to open it in
     ],
     ids=["postgres", "sqlite"],
 )

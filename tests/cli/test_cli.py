@@ -18,23 +18,7 @@ from board import open_board
 from core.settings import Settings
 from poolkeeper.embedded import RedisServer, wait_for
 from store import PoolStore
-
-
-def poolctl(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {
-        **os.environ,
-        "POOL_DATABASE_URL": f"sqlite:///{tmp}/pool.db",
-        "POOL_BOARD_URL": f"sqlite:///{tmp}/board.db",
-        "POOL_SIZE": "2",
-    }
-    return subprocess.run(
-        [sys.executable, "-c", "from poolkeeper.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp,
-        env={**base, **(env or {})},
-        timeout=600,
-    )
+from tests.helpers import poolctl
 
 
 def ok(tmp: Path, *args: str) -> str:

@@ -19,7 +19,7 @@ import pytest
 from bench.soak import FAULT_KINDS
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
     "--ordinals", "4", "--tasks", "150", "--duration", "40", "--fault-every", "5",
     "--reconcile", "5", "--hang-rate", "0.08", "--poison", "2", "--deadline", "170",

@@ -36,8 +36,8 @@ from tasks import failures, gc, registry, runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
 from tests.factories import NOW, OWNER, RowFactory, envelope, given_running, grant, row_state
+from tests.helpers import poolctl
 from tests.properties import budget
-from tests.test_cli import poolctl
 
 MATERIALIZE, EXPIRE = audit.by_pass("materialize"), audit.by_pass("expire")
 

@@ -10,108 +10,26 @@ import signal
 import sqlite3
 import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-from board import KanbanBoard, TaskStatus
+from board import TaskStatus
 from core.errors import StaleHolder
-from core.settings import Settings
-from poolkeeper.embedded import CeleryProc, RedisServer, free_port, supervise, wait_for
-from poolkeeper.simulate import Faults, SimPool, envelope
-from store import PoolStore, queries
+from poolkeeper.client import envelope
+from poolkeeper.embedded import CeleryProc, free_port, wait_for
+from poolkeeper.simulate import Faults, SimPool
+from store import Offer, PoolStore
 from tasks import registry, scan
 from tasks.declaration import Outcome
 from tasks.plane import Plane, RedisCoordination, process_task, queue_name
 from tests.factories import OWNER
+from tests.helpers import PlaneEnv, make_settings
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class PlaneEnv:
-    tmp: Path
-    redis: RedisServer
-    settings: Settings
-    store: PoolStore
-    kanban: KanbanBoard
-    procs: list[CeleryProc] = field(default_factory=list)
-
-    def worker(self, name: str = "w1") -> CeleryProc:
-        proc = CeleryProc("worker", self.settings.env(), self.tmp, name)
-        self.procs.append(proc)
-        return proc.wait_ready()
-
-    def beat(self, name: str = "beat") -> CeleryProc:
-        proc = CeleryProc("beat", self.settings.env(), self.tmp, name)
-        self.procs.append(proc)
-        return proc.wait_ready()
-
-    def supervise(self) -> bool:
-        """Restart what crashed, as systemd's Restart=always does in production; always False."""
-        self.procs = supervise(self.procs, self.settings.env(), self.tmp)
-        return False
-
-    def add_tasks(self, n: int, prefix: str = "t") -> list[str]:
-        return [self.kanban.add_task("b", f"task {i}", task_id=f"{prefix}{i:03d}") for i in range(n)]
-
-    def rows(self) -> dict[str, Any]:
-        with self.store.session(readonly=True) as s:
-            return {r.task_id: r for r in queries.rows(s, limit=100_000)}
-
-    def board_done(self, ids: list[str]) -> bool:
-        done = {t.id for t in self.kanban.list_tasks("b", TaskStatus.DONE)}
-        return set(ids) <= done
-
-    def board_settled(self, ids: list[str]) -> bool:
-        """Every task done, or parked after its last fenced attempt."""
-        ended = {
-            t.id for t in self.kanban.list_tasks("b") if t.status in (TaskStatus.DONE, TaskStatus.BLOCKED)
-        }
-        return set(ids) <= ended
-
-
-def make_settings(tmp: Path, redis_url: str, **over: Any) -> Settings:
-    base: dict[str, Any] = dict(
-        database_url=f"sqlite:///{tmp}/pool.db",
-        board_url=f"sqlite:///{tmp}/board.db",
-        redis_url=redis_url,
-        pool_size=4,
-        lease_seconds=2.0,
-        max_attempts=2,
-        tick_seconds=0.3,
-        reconcile_seconds=1.0,
-        gc_seconds=5.0,
-        quarantine_after=3,
-        backoff_base_seconds=0.2,
-        backoff_max_seconds=1.0,
-        quarantine_retry_seconds=3.0,
-        transient_retries=3,
-        task_time_limit=10.0,
-        visibility_timeout=15.0,
-        batch_size=10,
-    )
-    base.update(over)
-    return Settings(**base)
-
-
-@pytest.fixture
-def env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PlaneEnv]:
-    server = RedisServer(tmp_path).start()
-    marker = request.node.get_closest_marker("plane_settings")
-    settings = make_settings(tmp_path, server.url, **(marker.kwargs if marker else {}))
-    store, kanban = PoolStore.from_settings(settings), KanbanBoard(settings.board_url)
-    store.migrate()
-    kanban.migrate()
-    e = PlaneEnv(tmp_path, server, settings, store, kanban)
-    yield e
-    for proc in e.procs:
-        proc.stop()
-    server.stop()
 
 
 def assert_one_live_row_per_ordinal(e: PlaneEnv) -> None:
@@ -154,19 +72,21 @@ def test_expiry_fences_the_old_holder_then_parks_the_exact_run(env: PlaneEnv) ->
         lambda: next(filter(None, (env.store.offer(o, owner=OWNER) for o in range(4))), None),
         30,
     )
-    row = first.row_id  # type: ignore[attr-defined]
+    assert isinstance(first, Offer)
 
-    def reoffered() -> Any:  # asked again by its holder, the live grant comes back unchanged
-        again = env.store.offer(first.ordinal, owner=OWNER)  # type: ignore[attr-defined]
+    def reoffered() -> Offer | None:  # asked again by its holder, the live grant comes back unchanged
+        again = env.store.offer(first.ordinal, owner=OWNER)
         return again if again is not None and again.attempt == 2 else None
 
     second = wait_for("the re-offer with attempt 2", reoffered, 30)
-    assert (second.attempt, second.row_id) == (2, row)  # type: ignore[attr-defined]
-    assert second.fence > first.fence  # type: ignore[attr-defined]
-    for stale in (
+    assert isinstance(second, Offer)
+    assert (second.attempt, second.row_id) == (2, first.row_id)
+    assert second.fence > first.fence
+    stale_writes: list[Callable[[], object]] = [
         lambda: env.store.heartbeat(envelope(first)),
         lambda: env.store.accept_result(envelope(first, payload={"status": "done"})),
-    ):
+    ]
+    for stale in stale_writes:
         with pytest.raises(StaleHolder):
             stale()
     wait_for("the run parked and the row finalized", lambda: env.rows()[task].state == "finalized", 30)

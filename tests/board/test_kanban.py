@@ -1,6 +1,6 @@
 """What only the built-in Kanban does: operator moves, its SQLite locking, the chaos wrapper.
 
-The ``Board`` protocol itself is tested for every backend in ``test_board_contract.py``.
+The ``Board`` protocol itself is tested for every backend in ``tests/board/test_contract.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A run executes once through any process death of ``poolctl worker`` or ``poolctl serve`` (issue 17).
 
 Real processes and real signals: a real ``serve`` over the test's store, real
-workers (``tests.test_worker``'s helpers), SIGKILL. The command records each of
+workers (``tests.helpers``), SIGKILL. The command records each of
 its executions in a file, from inside: ``start <pid> <fence>``, ``child <pid>``
 for a grandchild it leaves running, ``end <pid>``, and ``overlap <pid>`` when it
 starts while an earlier execution (or its grandchild) still lives.
@@ -29,10 +29,9 @@ from poolkeeper.worker import CommandWorker, Held, printable, storable
 from poolkeeper.worker_state import RESULT
 from store import PoolStore
 from tests.factories import row_state
-from tests.test_worker import SECRET, finished, given_run, python, server, state_dir, worker
+from tests.helpers import SECRET, finished, given_run, python, state_dir, worker
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-__all__ = ["server"]  # the fixture: a serve whose leases last 1.5 s
 
 RECORD = r"""
 import os, subprocess, sys, time

@@ -21,10 +21,7 @@ import yaml  # type: ignore[import-untyped]  # (PyYAML comes with yamllint, a de
 
 from board import TaskStatus
 from poolkeeper.embedded import CeleryProc, supervise, wait_for
-from tests import test_plane_integration
-from tests.test_plane_integration import PlaneEnv
-
-env = test_plane_integration.env  # the fixture: a private redis-server, SQLite files, settings
+from tests.helpers import PlaneEnv
 
 pytestmark = pytest.mark.integration
 
@@ -184,7 +181,7 @@ def test_the_supervisor_restarts_a_killed_worker_and_leaves_a_stopped_one(env: P
     assert procs[0].proc.poll() is None and stopped.proc.poll() is not None
 
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def test_every_deploy_file_restarts_workers_and_beat_whenever_they_exit() -> None:

@@ -11,71 +11,16 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlalchemy import text
 
-from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.embedded import ServeProc, wait_for
 from store import PoolStore
-from tests.factories import row_state, serving
-
-SECRET = "worker-test-secret-" + "0123456789abcdef" * 3
-
-
-@pytest.fixture
-def server(settings: Settings, store: PoolStore, tmp_path: Path) -> Iterator[ServeProc]:
-    """A server whose leases last 1.5 s: a run outlives its lease only if the worker heartbeats."""
-    with serving(settings, tmp_path, secret=SECRET, lease_seconds=1.5) as proc:
-        yield proc
-
-
-def given_run(store: PoolStore, payload: dict[str, Any], ordinal: int = 0) -> int:
-    store.add_run(board="b", task_id="t1", run_id=1, ordinal=ordinal, payload=payload)
-    with store.session(readonly=True) as s:
-        return int(s.execute(text("SELECT id FROM assignments WHERE task_id = 't1'")).scalar_one())
-
-
-POOLCTL = [sys.executable, "-c", "from poolkeeper.cli import main; main()"]
-
-
-def python(script: str) -> str:
-    return shlex.join([sys.executable, "-c", script])
-
-
-def state_dir(server: ServeProc) -> Path:
-    """The workers' state directory of one test (its ordinals' locks, process groups, spooled results)."""
-    return server.log.parent / "worker-state"
-
-
-def worker(
-    server: ServeProc, command: str, *extra: str, ordinal: int = 0, token: str | None = None
-) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*POOLCTL, "worker", "--ordinal", str(ordinal), "--command", command, "--url", server.url, *extra],
-        env={
-            **os.environ,
-            "POOL_WORKER_TOKEN": token or tokens.ordinal_token(SECRET, ordinal),
-            "POOL_SERVER_SECRET": SECRET,  # as on a host that serves too: never handed to the command
-            "POOL_WORKER_STATE_DIR": str(state_dir(server)),
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finished(proc: subprocess.Popen[str], timeout: float = 60) -> str:
-    _, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, err[-3000:]
-    return err
-
+from tests.factories import row_state
+from tests.helpers import POOLCTL, SECRET, finished, given_run, python, state_dir, worker
 
 ECHO = """
 import json, os, sys, time

@@ -31,7 +31,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from sqlalchemy import text
 
-from board import KanbanBoard, TaskStatus
+from board import Board, TaskStatus, open_board
 from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.client import PoolClient
@@ -73,7 +73,7 @@ class Console:
     tmp: Path
     settings: Settings
     store: PoolStore
-    kanban: KanbanBoard
+    kanban: Board
     serve: ServeProc
 
     @property
@@ -130,7 +130,7 @@ def start_console(tmp: Path, redis_url: str, **over: Any) -> Iterator[Console]:
     )
     store = PoolStore.from_settings(settings)
     store.migrate()
-    kanban = KanbanBoard(settings.board_url)
+    kanban = open_board(settings)
     kanban.migrate()
     serve = ServeProc(settings.env(), tmp, secret=SECRET)
     try:
@@ -138,7 +138,7 @@ def start_console(tmp: Path, redis_url: str, **over: Any) -> Iterator[Console]:
     finally:
         serve.stop()
         store.engine.dispose()
-        kanban.engine.dispose()
+        kanban.close()
 
 
 @pytest.fixture
@@ -260,7 +260,10 @@ def test_a_quarantined_row_opens_from_the_overview_with_its_errors(
     link = driver.find_element(By.ID, f"quarantined-{row}")
     link.send_keys(Keys.ENTER)  # from the keyboard
     until("the row page", lambda: driver.current_url == f"{console.url}/ui/rows/{row}")
-    field = lambda name: driver.find_element(By.CSS_SELECTOR, f'[data-field="{name}"]').text  # noqa: E731
+
+    def field(name: str) -> str:
+        return str(driver.find_element(By.CSS_SELECTOR, f'[data-field="{name}"]').text)
+
     assert field("failures") == "3" and field("last_error") == POISON
     assert field("quarantined") == "quarantined" and field("state").startswith("running")
     assert field("attempt") == "1 of 3" and field("fence").isdigit() and field("owner") == "w0"
@@ -359,7 +362,11 @@ def test_a_missing_or_wrong_token_is_refused_and_changes_nothing(driver: WebDriv
         driver.find_element(By.ID, "token").clear()
         driver.find_element(By.ID, "token").send_keys(token)
         driver.find_element(By.ID, "sign-in").click()
-        until(f"the refusal ({why})", lambda why=why: why in message(driver))
+
+        def refusal_shown(why: str = why) -> bool:
+            return why in message(driver)
+
+        until(f"the refusal ({why})", refusal_shown)
         assert driver.get_cookies() == []
 
     # signed in, but the session is gone when the form is sent
@@ -670,10 +677,12 @@ def test_hostile_input_on_every_console_route_is_one_sentence_never_a_5xx(consol
 )
 def test_a_hostile_session_cookie_is_signed_out_not_a_5xx(console: Console, cookie: bytes) -> None:
     for path in ("/ui", "/ui/live/overview", "/ui/rows/1"):
-        got = httpx.get(console.url + path, headers={"cookie": cookie})
+        got = httpx.get(console.url + path, headers={b"cookie": cookie})
         assert got.status_code in (303, 401), (path, got.status_code, got.text[-300:])
     got = httpx.post(
-        console.url + "/ui/rows/1/requeue", content=b"csrf=x", headers={**_FORM, "cookie": cookie}
+        console.url + "/ui/rows/1/requeue",
+        content=b"csrf=x",
+        headers={b"content-type": _FORM["content-type"].encode(), b"cookie": cookie},
     )
     assert got.status_code == 401 and "not signed in" in got.text
 

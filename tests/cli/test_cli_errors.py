@@ -28,45 +28,10 @@ from store import PoolStore
 from tasks import failures
 from tasks.failures import ErrorClass
 from tasks.plane import RedisCoordination
+from tests.helpers import BUSY, CONFIG, UNAVAILABLE, USAGE, files, refused, run
 
-ROOT = Path(__file__).resolve().parent.parent
-USAGE, UNAVAILABLE, BUSY, CONFIG = 2, 69, 75, 78
+ROOT = Path(__file__).resolve().parents[2]
 REFUSED_PG = "postgresql+psycopg://postgres:secret@127.0.0.1:1/test"  # nothing listens on port 1
-
-
-def run(
-    cwd: Path, *args: str | bytes, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
-) -> subprocess.CompletedProcess[str]:
-    base = {
-        **os.environ,
-        "POOL_DATABASE_URL": f"sqlite:///{cwd}/pool.db",
-        "POOL_BOARD_URL": f"sqlite:///{cwd}/board.db",
-        "POOL_REDIS_URL": "",
-    }
-    base.pop("POOLCTL_DEBUG", None)
-    return subprocess.run(
-        [*prefix, sys.executable, "-c", "from poolkeeper.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        errors="replace",
-        cwd=cwd,
-        env={**base, **(env or {})},
-        timeout=120,
-    )
-
-
-def refused(done: subprocess.CompletedProcess[str], code: int, *words: str, who: str = "poolctl") -> str:
-    """Exit ``code`` and exactly one line on stderr, holding every one of ``words``."""
-    assert done.returncode == code, done.stderr[-3000:]
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{who}: "), done.stderr[-3000:]
-    for word in words:
-        assert word in lines[0]
-    return lines[0]
-
-
-def files(path: Path) -> list[str]:
-    return sorted(p.name for p in path.iterdir())
 
 
 def init(path: Path) -> None:

@@ -1,0 +1,38 @@
+"""Dispatch: claims no more runs than free ordinals, gives reservations back, absorbs a busy board."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from board import Board, FlakyBoard
+from tasks.plane import Plane
+from tests.factories import dispatched
+
+
+def test_dispatch_claims_no_more_than_free_ordinals(plane: Plane, kanban: Board) -> None:
+    for i in range(5):
+        kanban.add_task("b", f"t{i}", task_id=f"t{i}")
+    claims = dispatched(plane)
+    assert sorted(c["ordinal"] for c in claims) == [0, 1, 2]
+    assert dispatched(plane) == []  # the ordinals are reserved for the claims in flight
+    assert kanban.counts_by_status()["ready"] == 2
+
+
+def test_dispatch_surfaces_a_programming_error(plane: Plane) -> None:
+    class ChangedBoard(FlakyBoard):
+        def claim_ready(self, *args: Any, **kwargs: Any) -> Any:
+            raise AttributeError("claim_ready() got an unexpected keyword 'lane'")
+
+    plane.board = ChangedBoard(plane.board)
+    with pytest.raises(AttributeError):
+        dispatched(plane)
+    assert plane.coord.reserve(range(3)) == [0, 1, 2], "reservations were released"
+
+
+def test_dispatch_absorbs_a_busy_board(plane: Plane, kanban: Board) -> None:
+    kanban.add_task("b", "t", task_id="t")
+    plane.board = FlakyBoard(kanban, busy_rate=0.999999)
+    assert dispatched(plane) == []
+    assert kanban.counts_by_status()["ready"] == 1

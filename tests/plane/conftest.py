@@ -1,0 +1,30 @@
+"""The plane's integration environment: a private redis-server, SQLite files, settings from the marker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from board import open_board
+from poolkeeper.embedded import RedisServer
+from store import PoolStore
+from tests.helpers import PlaneEnv, make_settings
+
+
+@pytest.fixture
+def env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PlaneEnv]:
+    """The plane's files and Redis, with ``@pytest.mark.plane_settings(...)`` over ``make_settings``."""
+    server = RedisServer(tmp_path).start()
+    marker = request.node.get_closest_marker("plane_settings")
+    settings = make_settings(tmp_path, server.url, **(marker.kwargs if marker else {}))
+    store, kanban = PoolStore.from_settings(settings), open_board(settings)
+    store.migrate()
+    kanban.migrate()
+    e = PlaneEnv(tmp_path, server, settings, store, kanban)
+    yield e
+    for proc in e.procs:
+        proc.stop()
+    kanban.close()
+    server.stop()
