@@ -58,6 +58,9 @@ class ConfigError(PoolError):
     """
 
     exit_code = 78  # sysexits.h EX_CONFIG; systemd units do not restart on it
+    # a server meeting it mid-request is not ready (its store went away): 503 with Retry-After, as
+    # /readyz says; not 409, which tells a client its own request conflicted
+    http_status = 503
 
 
 class ProtocolError(PoolError):

@@ -81,11 +81,34 @@ def _namespace(value: str, var: str) -> None:
         )
 
 
+# Words that mark a value copied from an example file (deploy/.env.example) rather than generated.
+PLACEHOLDER_WORDS = (
+    "change-me",
+    "changeme",
+    "change_me",
+    "replace-me",
+    "replaceme",
+    "placeholder",
+    "example",
+)
+MIN_SECRET_DISTINCT = 10  # `openssl rand -hex 32` holds 16 distinct characters; "s" * 40 holds 1
+
+
 def _server_secret(value: str, var: str) -> None:
-    if value and len(value) < MIN_SECRET_CHARS:  # the message never holds the value
+    """Long enough, and not a placeholder or a pattern: anyone who guesses it mints operator tokens."""
+    if not value:
+        return
+    generate = "(e.g. the output of `openssl rand -hex 32`)"  # the messages never hold the value
+    if len(value) < MIN_SECRET_CHARS:
+        raise SettingsError(f"{var}: must be at least {MIN_SECRET_CHARS} characters {generate}")
+    lowered = value.lower()
+    if any(word in lowered for word in PLACEHOLDER_WORDS):
+        raise SettingsError(f"{var}: is the placeholder of an example file: put a generated one {generate}")
+    units = range(1, min(len(value) // 2, 64) + 1)
+    repeats = any(value == (value[:n] * (len(value) // n + 1))[: len(value)] for n in units)
+    if len(set(value)) < MIN_SECRET_DISTINCT or repeats:
         raise SettingsError(
-            f"{var}: must be at least {MIN_SECRET_CHARS} characters"
-            " (e.g. the output of `openssl rand -hex 32`)"
+            f"{var}: too easy to guess (few distinct characters, or a repeated pattern) {generate}"
         )
 
 
@@ -207,8 +230,8 @@ class Settings:
             if raw is None:
                 continue
             kind = type(f.default)
-            values[f.name] = _parse(raw.strip(), kind, _var(f.name))
-        secret_file = env.get("POOL_SERVER_SECRET_FILE", "").strip()
+            values[f.name] = _parse(_utf8(raw, _var(f.name)).strip(), kind, _var(f.name))
+        secret_file = _utf8(env.get("POOL_SERVER_SECRET_FILE", ""), "POOL_SERVER_SECRET_FILE").strip()
         if secret_file:
             if env.get("POOL_SERVER_SECRET"):
                 raise SettingsError("POOL_SERVER_SECRET_FILE: give it or POOL_SERVER_SECRET, not both")
@@ -239,6 +262,18 @@ def read_secret_file(var: str, path: str) -> str:
         return Path(path).read_text().strip()
     except (OSError, UnicodeDecodeError) as err:
         raise SettingsError(f"{var}: cannot read {path}: {type(err).__name__}") from None
+
+
+def _utf8(raw: str, var: str) -> str:
+    """``raw`` if it is text: Python hands an environment's non-UTF-8 bytes over as lone surrogates
+    (``os.environb`` holds the bytes), which nothing downstream can encode. The value is not echoed."""
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise SettingsError(
+            f"{var}: not UTF-8 text (a byte that is not UTF-8 at position {err.start})"
+        ) from None
+    return raw
 
 
 def default(name: str) -> Any:

@@ -36,6 +36,18 @@ def serve(
         ),
     ] = False,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log one line per request.")] = False,
+    max_connections: Annotated[
+        int, typer.Option(min=1, max=65536, help="Connections held at once, in all.")
+    ] = 1024,
+    max_connections_per_client: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=65536,
+            help="Connections held at once per client address (behind a proxy, every worker is one"
+            " client: raise it to --max-connections).",
+        ),
+    ] = 256,
 ) -> None:
     """Serve the worker protocol over HTTP/JSON (/v1, /healthz, /readyz, /metrics, /docs)."""
     from poolkeeper.server import serve as server
@@ -47,6 +59,8 @@ def serve(
         port=settings.serve_port if port is None else port,
         local_only=local_only,
         access_log=access_log,
+        max_connections=max_connections,
+        max_per_client=max_connections_per_client,
     )
 
 

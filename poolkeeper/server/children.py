@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 
-from poolkeeper.server.deps import Caller, Pool, Write, holder_of
+from poolkeeper.server.deps import AuthFirst, Caller, Pool, Write, holder_of
 from poolkeeper.server.models import (
     Child,
     ChildHeartbeat,
@@ -24,7 +24,9 @@ from poolkeeper.server.models import (
 from poolkeeper.server.protocol import WORKER_REFUSALS
 from store import lineage
 
-router = APIRouter(prefix="/v1/children", tags=["child executions"], responses=WORKER_REFUSALS)
+router = APIRouter(
+    prefix="/v1/children", tags=["child executions"], responses=WORKER_REFUSALS, route_class=AuthFirst
+)
 
 
 def _registration(body: ChildRegistration, who: Caller, pool: Pool) -> ChildRegistration:

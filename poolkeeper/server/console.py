@@ -281,7 +281,7 @@ async def logout(screen: AnyScreen, form: Form) -> Response:
     if screen.auth.signed_in(screen.request) and (refused := screen.refused_form(form)) is not None:
         return refused
     response = RedirectResponse("/ui/login", 303, headers=HEADERS)
-    screen.auth.end_session(response)
+    screen.auth.end_session(screen.request, response)
     return response
 
 

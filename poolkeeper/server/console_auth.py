@@ -8,6 +8,14 @@ HttpOnly (no script reads it), SameSite=Strict (no other site's page sends it),
 Secure when the request came over HTTPS, valid ``SESSION_SECONDS``. Rotating
 the secret ends every session, as it revokes every token.
 
+Signing out ends the session on the server, not only in the browser: its nonce
+joins a revocation set kept in this process until the session would have
+expired (bounded: past ``MAX_REVOKED`` sign-outs every session started until
+then ends, failing closed). The set is per process: with several ``serve``
+replicas behind one name, a signed-out cookie replayed to another replica is
+still taken there until it expires (at most ``SESSION_SECONDS``); run the
+console from one replica, or rotate the secret to end every session at once.
+
 Every state-changing form (sign-out too) carries a CSRF value, the HMAC of the session it was
 rendered for; a POST is taken only with a live session, that value, and an
 ``Origin`` header (when the browser sends one) naming this server's host.
@@ -33,6 +41,7 @@ COOKIE = "poolkeeper_console"
 SESSION_SECONDS = 12 * 3600
 CSRF_FIELD = "csrf"
 NONCE_BYTES = 8
+MAX_REVOKED = 10_000  # sign-outs remembered at once; past it, every session then live ends
 
 
 def _mac(key: bytes, subject: str) -> str:
@@ -51,6 +60,8 @@ class ConsoleAuth:
         self.secret = secret
         # "console:" keeps these MACs apart from the tokens' ("operator", "ordinal:N")
         self.key = secret.encode() if secret else secrets.token_bytes(32)
+        self.revoked: dict[str, int] = {}  # the nonce of each session signed out, until it expires
+        self.not_before = 0.0  # sessions started before this were ended (MAX_REVOKED)
 
     # --- signing in -------------------------------------------------------------
 
@@ -80,13 +91,31 @@ class ConsoleAuth:
             secure=request.url.scheme == "https",
         )
 
-    @staticmethod
-    def end_session(response: Response) -> None:
+    def end_session(self, request: Request, response: Response, now: float | None = None) -> None:
+        """Sign out: the browser drops the cookie, and this server refuses its value from now on."""
+        session = self._session(request)
+        if session is not None:
+            expires, nonce = session
+            now = now or time.time()
+            self.revoked = {n: e for n, e in self.revoked.items() if e > now}  # expired: refused anyway
+            if len(self.revoked) >= MAX_REVOKED:  # fail closed: end every session started until now
+                self.not_before, self.revoked = now, {}
+            else:
+                self.revoked[nonce] = expires
         response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
 
     def signed_in(self, request: Request, now: float | None = None) -> bool:
         if self.local_only:
             return True
+        session = self._session(request)
+        if session is None:
+            return False
+        expires, nonce = session
+        started = expires - SESSION_SECONDS
+        return expires > (now or time.time()) and nonce not in self.revoked and started >= self.not_before
+
+    def _session(self, request: Request) -> tuple[int, str] | None:
+        """The expiry and nonce of the request's cookie if this server signed it, else None."""
         expires, _, rest = request.cookies.get(COOKIE, "").partition(".")
         nonce, _, mac = rest.partition(".")
         if (
@@ -94,9 +123,10 @@ class ConsoleAuth:
             or len(expires) > 12
             or len(nonce) != 2 * NONCE_BYTES
         ):
-            return False
-        good = _same(mac, _mac(self.key, f"console:session:{expires}.{nonce}"))
-        return good and int(expires) > (now or time.time())
+            return None
+        if not _same(mac, _mac(self.key, f"console:session:{expires}.{nonce}")):
+            return None
+        return int(expires), nonce
 
     # --- forms ---------------------------------------------------------------------
 

@@ -3,8 +3,8 @@
 - ``Pool``: the ``PoolStore``; ``Write``: runs a store write under the app's write gate (on
   SQLite this process's writers queue on a mutex, elsewhere it is nothing).
 - ``Caller``: who the bearer token says the request acts for (``tokens.LOCAL`` on a
-  ``--local-only`` server). It runs before the body is validated, so a request without a
-  token is 401 whatever it sends.
+  ``--local-only`` server). ``AuthFirst`` routes check it before the body is even read, so
+  a request without a token is 401 whatever it sends.
 - ``Operator``: the caller, if it may take operator actions (403 otherwise).
 - ``worker_of`` and ``holder_of``: "acts for this ordinal" and "acts for this grant's
   children", which a route's body dependency calls with the fields its model names (403
@@ -16,11 +16,12 @@ so the body dependencies that call it are plain functions.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads these annotations at run time.
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from core import validate
@@ -69,17 +70,44 @@ Write = Annotated[Writer, Depends(writing)]
 Secret = Annotated[str | None, Depends(secret)]
 
 
-async def caller(
-    key: Secret, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-) -> Principal:
+def authenticate(key: str | None, token: str | None) -> Principal:
+    """Who ``token`` acts for, under the server's ``key``; ``Unauthenticated`` if no one."""
     if not key:
         return tokens.LOCAL  # a --local-only server: the schema declares no security (app.create_app)
-    if creds is None:
+    if token is None:
         raise Unauthenticated("an Authorization: Bearer token is required")
-    found = tokens.verify(key, creds.credentials)
+    found = tokens.verify(key, token)
     if found is None:
         raise Unauthenticated("the bearer token is not one this server issued")
     return found
+
+
+async def caller(
+    key: Secret, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> Principal:
+    return authenticate(key, None if creds is None else creds.credentials)
+
+
+class AuthFirst(APIRoute):
+    """A route that authenticates its caller before it reads the body.
+
+    FastAPI reads and decodes a JSON body before it resolves any dependency, so a
+    request with no token and a body that is not JSON was 422, not 401: an
+    unauthenticated client learnt about the body and made the server parse it.
+    ``Caller`` still names the principal (and declares the bearer scheme in the schema).
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def authenticated(request: Request) -> Response:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            authenticate(
+                request.app.state.secret, token.strip() or None if scheme.lower() == "bearer" else None
+            )
+            return await handle(request)
+
+        return authenticated
 
 
 Caller = Annotated[Principal, Depends(caller)]

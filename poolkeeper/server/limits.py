@@ -2,7 +2,8 @@
 
 ``BodyLimit`` refuses a declared ``Content-Length`` over the limit before reading
 a byte (413), reads a chunked body only up to the limit, and gives a client
-``timeout`` seconds to send all of it (408). The body is read here, on the event
+``timeout`` seconds from the accept (``transport`` times the head) to send all of
+it (408). The body is read here, on the event
 loop, so a slow sender holds its own connection and no worker thread.
 
 ``LoopbackHost`` guards a ``--local-only`` server, which asks no one for a
@@ -16,22 +17,26 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import re
 import time
 from typing import Any
 
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+STARTED = "poolkeeper.request_started"  # set by ``transport.GuardedH11``: when the request's head began
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
-async def reply(send: Send, status: int, error: str, detail: str) -> None:
+async def reply(send: Send, status: int, error: str, detail: str, *, retry_after: int | None = None) -> None:
     body = json.dumps({"error": error, "detail": detail}).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
     ]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -51,14 +56,15 @@ class BodyLimit:
             return
         chunks: list[bytes] = []
         size = 0
-        deadline = time.monotonic() + self.timeout
+        # one deadline from the accept (or a reused connection's first byte) to the body's end:
+        # the protocol (``transport``) says when the head began; in-process (tests) it is now
+        started = scope.get("state", {}).get(STARTED, time.monotonic())
+        deadline = started + self.timeout
         while True:
             try:
                 message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
             except TimeoutError:
-                await reply(
-                    send, 408, "RequestTimeout", f"request body not received within {self.timeout:g}s"
-                )
+                await reply(send, 408, "RequestTimeout", f"request not received within {self.timeout:g}s")
                 return
             if message["type"] == "http.disconnect":
                 return  # the client left: nobody to answer
@@ -122,7 +128,7 @@ class LoopbackHost:
             await self.app(scope, receive, send)
             return
         host = dict(scope["headers"]).get(b"host")
-        if host is not None and not is_loopback(host_name(host.decode("latin-1"))):
+        if host is not None and not loopback_host(host.decode("latin-1")):
             detail = (
                 f"Host {host.decode('latin-1')[:80]!a} is not a loopback address: a --local-only server"
                 " answers only requests addressed to 127.0.0.1, [::1] or localhost"
@@ -133,18 +139,50 @@ class LoopbackHost:
 
 
 def is_loopback(host: str) -> bool:
-    """127.0.0.1 (any of 127/8), ::1 (bracketed or not) or localhost."""
-    if host == "localhost":
+    """An address to bind: 127.0.0.1 (any of 127/8), ::1 (bracketed or not) or localhost."""
+    if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
     except ValueError:
         return False
 
 
-def host_name(host: str) -> str:
-    """The name in a ``Host`` header, without its port: ``[::1]:8000`` is ``::1``."""
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    name, colon, port = host.rpartition(":")
-    return name if colon and port.isdigit() else host
+# A Host header (RFC 9110 7.2, RFC 3986 3.2.2): a bracketed IPv6 literal or a name/IPv4, then an
+# optional port; nothing may follow. "[::1].evil.example" or "127.0.0.1.evil" match no loopback.
+_HOST = re.compile(
+    r"\[(?P<v6>[0-9A-Fa-f:.]+)\](?::(?P<p6>[0-9]{1,5}))?|(?P<name>[^\[\]:]+)(?::(?P<port>[0-9]{1,5}))?"
+)
+
+
+def host_name(host: str) -> str | None:
+    """The name or address in a ``Host`` header, without its port (``[::1]:8000`` is ``::1``);
+    None when the header is not one well-formed host with an optional port."""
+    found = _HOST.fullmatch(host)
+    if found is None:
+        return None
+    port = found["p6"] or found["port"]
+    if port is not None and int(port) > 65535:
+        return None
+    if found["v6"] is not None:
+        try:
+            ipaddress.IPv6Address(found["v6"])
+        except ValueError:
+            return None
+        return found["v6"]
+    return found["name"]
+
+
+def loopback_host(header: str) -> bool:
+    """A ``Host`` header addressed to loopback: ``[::1]``, ``127.x.y.z`` or ``localhost``, any port."""
+    name = host_name(header)
+    if name is None:
+        return False
+    if ":" in name:
+        return ipaddress.IPv6Address(name).is_loopback
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.IPv4Address(name).is_loopback
+    except ValueError:
+        return False

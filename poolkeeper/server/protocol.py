@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from poolkeeper import tokens
-from poolkeeper.server.deps import Caller, Pool, Secret, Write, worker_of
+from poolkeeper.server.deps import AuthFirst, Caller, Pool, Secret, Write, worker_of
 from poolkeeper.server.models import (
     DeliveryResponse,
     Envelope,
@@ -34,7 +34,7 @@ def refusals(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 WORKER_REFUSALS = refusals(403, 404, 408, 409, 503)
-router = APIRouter(prefix="/v1", tags=["worker protocol"], responses=WORKER_REFUSALS)
+router = APIRouter(prefix="/v1", tags=["worker protocol"], responses=WORKER_REFUSALS, route_class=AuthFirst)
 
 
 async def _asked(body: OfferRequest, who: Caller) -> OfferRequest:

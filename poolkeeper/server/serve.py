@@ -1,19 +1,27 @@
-"""Start ``poolctl serve``: check the auth precondition, bind the port, then build the app and run uvicorn.
+"""Start ``poolctl serve``: check the auth precondition and the store, bind the port, run uvicorn.
 
-The socket is bound before anything else is built, so a port clash fails at
-once and the kernel queues early connections while the app loads. Nothing
-touches the store at start-up; ``/readyz`` tells when it is usable.
+A store ``poolctl init`` has not set up (no file, a mistyped path, not
+migrated) is refused before anything is bound or created (``ConfigError``,
+exit 78), as the worker and beat refuse it; a store that does not answer yet
+(PostgreSQL starting) is not: the server starts and ``/readyz`` says when it
+is usable. No maintenance runs at start-up. The socket is bound before the
+app is built, so a port clash fails at once (exit 69, naming the address) and
+the kernel queues early connections while the app loads. uvicorn runs with
+``transport.GuardedH11``: a deadline on every request and caps on connections.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import sys
 
-from core.errors import SettingsError
+from core.errors import ConfigError, SettingsError, TransientError, Unavailable
 from core.settings import Settings
+from poolkeeper.server import transport
 from poolkeeper.server.limits import is_loopback
+from store import PoolStore
 
 log = logging.getLogger("poolkeeper.server")
 
@@ -29,20 +37,57 @@ def check_auth(settings: Settings, host: str, local_only: bool) -> None:
         )
 
 
+def check_store(settings: Settings) -> None:
+    """``ConfigError`` (exit 78) for a store ``init`` has not set up; creates nothing.
+
+    One that does not answer (``TransientError``) is logged and let be: it may be starting.
+    """
+    store = PoolStore.from_settings(settings)
+    try:
+        store.require_schema(writable=True)
+    except TransientError as err:
+        print(f"poolctl serve: {err.line()}; /readyz says when it is usable", file=sys.stderr, flush=True)
+    finally:
+        store.engine.dispose()
+
+
 def bind(host: str, port: int) -> socket.socket:
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
+    """The listening socket; a host that names no address is ``ConfigError``, a taken one ``Unavailable``."""
+    where = f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as err:
+        raise ConfigError(f"--host {host!a}: not an address this machine can listen on ({err})") from None
     sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(address)
-    sock.listen(2048)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise Unavailable(f"{where}: address already in use (another server listens there)") from None
+        if err.errno == errno.EACCES:
+            raise ConfigError(f"{where}: permission denied (a port below 1024 needs privileges)") from None
+        raise ConfigError(f"{where}: cannot listen there ({err.strerror or err})") from None
     sock.set_inheritable(True)
     return sock
 
 
-def run(settings: Settings, *, host: str, port: int, local_only: bool, access_log: bool) -> None:
+def run(
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    local_only: bool,
+    access_log: bool,
+    max_connections: int,
+    max_per_client: int,
+) -> None:
     check_auth(settings, host, local_only)
+    check_store(settings)
     sock = bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     auth = "bearer tokens" if settings.server_secret else "none (--local-only)"
@@ -55,14 +100,17 @@ def run(settings: Settings, *, host: str, port: int, local_only: bool, access_lo
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # /readyz reads the schema version
     app = create_app(settings, local_only=local_only)
+    guard = transport.Guard(
+        timeout=settings.body_timeout_seconds, max_connections=max_connections, max_per_client=max_per_client
+    )
     config = uvicorn.Config(
         app,
+        http=transport.protocol(guard),  # the deadline and the caps (uvicorn's limit_concurrency: none)
         lifespan="off",  # nothing to start: the store is reached on demand
         access_log=access_log,
         server_header=False,
         timeout_keep_alive=15,
         timeout_graceful_shutdown=10,
-        limit_concurrency=2048,  # past it: 503, not an unbounded queue
         log_level="info",
     )
     uvicorn.Server(config).run(sockets=[sock])

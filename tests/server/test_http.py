@@ -570,21 +570,16 @@ def test_a_locked_store_is_503_with_retry_after(served_sqlite: Served, tmp_path:
         assert client.offer(0, owner="w") is not None
 
 
-def test_readyz_waits_for_the_migrated_store(tmp_path: Path) -> None:
+def test_serve_refuses_a_store_init_has_not_set_up_then_is_ready_once_it_has(tmp_path: Path) -> None:
+    """No file: exit 78, nothing created (test_hostile.py has the cases); after `init`, ready."""
     url = f"sqlite:///{tmp_path}/fresh.db"
     settings = Settings(database_url=url, board_url=url)
+    refused = ServeProc(settings.env(), tmp_path, secret=SECRET)
+    assert refused.proc.wait(60) == 78 and "poolctl init" in refused.text()
+    assert not (tmp_path / "fresh.db").exists()
     store = PoolStore.from_settings(settings)
+    store.migrate()
     for served in start(settings, tmp_path, store, secret=SECRET):
-        assert httpx.get(f"{served.url}/healthz").json() == {"status": "ok"}
-        not_yet = httpx.get(f"{served.url}/readyz")
-        assert not_yet.status_code == 503 and "poolctl init" in not_yet.json()["detail"]
-        assert (
-            served.post(
-                "/v1/offer", {"ordinal": 0, "owner": "w"}, tokens.ordinal_token(SECRET, 0)
-            ).status_code
-            == 503
-        )
-        store.migrate()
         assert httpx.get(f"{served.url}/readyz").json() == {"status": "ready"}
     store.engine.dispose()
 
