@@ -32,6 +32,7 @@ def status(data: dict[str, Any], pool_size: int) -> Table:
     table.add_row("ordinals held by quarantined rows", stuck)
     table.add_row("live child executions", str(data["live_children"]))
     table.add_row("audit events written", str(data["audit_events"]))
+    _presence(table, data)
     unknown = f"unknown ({data['redis_error']})"
     depth = data["queue_depth"]
     table.add_row("queue depth", unknown if depth is None else str(depth))
@@ -44,6 +45,20 @@ def status(data: dict[str, Any], pool_size: int) -> Table:
     for st, n in data["board"].items():
         table.add_row(f"board {st}", str(n))
     return table
+
+
+def _presence(table: Table, data: dict[str, Any]) -> None:
+    """Each ordinal's last worker call; a warning for ordinals without one for over a lease."""
+    lease, missing = data["lease_seconds"], set(data["ordinals_without_worker"])
+    for p in data["presence"]:
+        age = p["age_seconds"]
+        seen = "no worker call seen" if age is None else f"{p['call']} {age:.0f}s ago by {p['owner'] or '?'}"
+        warn = f" (WARNING: no worker for over a lease, {lease:.0f}s)" if p["ordinal"] in missing else ""
+        table.add_row(f"ordinal {p['ordinal']} worker", Text(seen + warn, style="red" if warn else ""))
+    waiting = data["waiting_assigned"]
+    listed = ", ".join(f"row {w['id']} on ordinal {w['ordinal']} {w['waited_seconds']:.0f}s" for w in waiting)
+    flag = Text(f"WARNING: {listed} (no worker takes them)", style="red") if waiting else Text("-")
+    table.add_row("assigned longer than a lease", flag)
 
 
 def rows(found: list[dict[str, Any]]) -> Table:
