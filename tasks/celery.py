@@ -91,6 +91,14 @@ PROCESS_TASK = planes.process_task(SETTINGS)
 CHATTY_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
 
 
+def _not_a_due_task(record: logging.LogRecord) -> bool:
+    """Beat's "Scheduler: Sending due task" is one line per pass per tick (~50 a minute at the
+    defaults) saying only that the schedule runs; the scans' own "enqueued N keys" say more.
+    Only that line goes: "beat: Starting..." and beat's warnings and errors stay."""
+    due = str(record.msg).startswith("Scheduler: Sending due task")
+    return not (due and record.levelno < logging.WARNING)
+
+
 def make_app(settings: Settings) -> Celery:
     ns, queue = settings.namespace, planes.queue_name(settings)
     celery = Celery(ns, broker=planes.worker_redis_url(settings))
@@ -214,6 +222,9 @@ def _beat_start(**_: Any) -> None:
 def _quiet_celery(**_: Any) -> None:
     for name in CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    beat = logging.getLogger("celery.beat")
+    if _not_a_due_task not in beat.filters:
+        beat.addFilter(_not_a_due_task)
 
 
 @worker_process_shutdown.connect
@@ -233,9 +244,10 @@ def scan_pass(pass_name: str) -> None:
     """
     try:
         n = scan.scan(planes.current(), pass_name, time.time(), _enqueue)
-    except TransientError as err:
-        log.warning("%s: scan skipped this tick: %s", pass_name, err)
+    except TransientError as err:  # once per distinct detail, not on every tick it lasts
+        failures.reporter.once(pass_name, "scan", f"skipped this tick: {failures.describe(err)}")
         return
+    failures.reporter.succeeded(pass_name, "scan")
     if n:
         log.info("%s: enqueued %d keys", pass_name, n)
 
@@ -253,12 +265,11 @@ def process(self: Task, pass_name: str, keys: list[Any]) -> None:
         log.warning("%s: soft time limit hit; the unfinished keys are rescanned", pass_name)
         _clear(plane, p.name, [p.key_name(k) for k in keys])
         return
-    if summary := result.summary():
-        log.info("%s: %s", pass_name, summary)
     finished = [key for key, _ in result.done]
     again = []
     for key, err in result.transient:
         if self.request.retries < plane.settings.transient_retries:
+            failures.reporter.once(pass_name, p.key_name(key), f"busy, retried: {failures.describe(err)}")
             again.append(key)
         else:
             failures.give_up(plane, p, key, err, now)
