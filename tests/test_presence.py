@@ -23,7 +23,8 @@ from store.presence import EVERY_SECONDS
 from tasks import plane, registry, runner, scan
 from tasks.collectors import StoreCollector
 from tasks.declaration import Outcome
-from tests.factories import NOW, OWNER, envelope
+from tasks.plane import Plane
+from tests.factories import NOW, OWNER, envelope, scanned
 
 LEASE = 30.0  # the settings fixture's lease
 
@@ -164,3 +165,23 @@ def test_a_scan_skipped_on_every_tick_is_logged_once_per_detail(
     assert [r.getMessage() for r in caplog.records] == [
         "expire scan: skipped this tick: TransientError: pool store: database is locked"
     ]
+
+
+# --- finding 6: a failing board registry never keeps a moved-on run live -------------------
+
+
+def test_reconcile_releases_moved_on_rows_while_the_board_registry_fails(
+    plane: Plane, kanban: Board, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kanban.add_task("b", "task", task_id="t1")
+    [claim] = scanned(plane, "materialize")["materialize"]
+    assert runner.run_key(plane, "materialize", claim, NOW) == "added"
+    kanban.reassign_task("b", "t1", assignee="alice", lane="humans")  # the run moved on
+
+    def registry_down(**_: Any) -> list[str]:
+        raise TransientError("board: registry busy")
+
+    monkeypatch.setattr(plane.board, "list_boards", registry_down)
+    queued = scanned(plane, "reconcile")
+    assert queued["reconcile"] == [1]
+    assert runner.run_key(plane, "reconcile", 1, NOW) == "stale"
