@@ -61,6 +61,10 @@ def test_init_is_idempotent_and_status_has_a_stable_json_shape(tmp_path: Path) -
         "ordinals",
         "live_children",
         "audit_events",
+        "presence",
+        "ordinals_without_worker",
+        "waiting_assigned",
+        "lease_seconds",
         "board",
         "queue_depth",
         "beat_alive",
@@ -70,6 +74,7 @@ def test_init_is_idempotent_and_status_has_a_stable_json_shape(tmp_path: Path) -
     assert status["free_ordinals"] == [0, 1] and status["rows"]["assigned"] == 0
     assert status["held_by_quarantined"] == []
     assert status["ordinals"] == {"free": 2, "held": 0, "quarantined": 0}
+    assert status["ordinals_without_worker"] == [0, 1] and status["waiting_assigned"] == []
     assert set(status["scans"]) == {"expire", "lease_failures", "results", "reconcile", "materialize", "gc"}
 
 

@@ -6,19 +6,27 @@ Each test names its finding and failed on the code before its fix.
 from __future__ import annotations
 
 import logging
+import os
+import re
+import subprocess
+import sys
 import time
+import unicodedata
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from rich.console import Console
 
 from board import Board
 from core.errors import TransientError
+from core.retry import RetryPolicy
 from core.settings import Settings
 from poolkeeper.cli import render
 from poolkeeper.server import probes
 from poolkeeper.status import snapshot
-from store import PoolStore, numbers
+from store import PoolStore, bookkeeping, numbers
 from store.presence import EVERY_SECONDS
 from tasks import plane, registry, runner, scan
 from tasks.collectors import StoreCollector
@@ -185,3 +193,176 @@ def test_reconcile_releases_moved_on_rows_while_the_board_registry_fails(
     queued = scanned(plane, "reconcile")
     assert queued["reconcile"] == [1]
     assert runner.run_key(plane, "reconcile", 1, NOW) == "stale"
+
+
+# --- findings 12 and 15: what poolctl writes to a terminal ----------------------------------
+
+
+def _poolctl(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "POOL_DATABASE_URL": f"sqlite:///{cwd}/pool.db",
+        "POOL_BOARD_URL": f"sqlite:///{cwd}/board.db",
+        "POOL_REDIS_URL": "",
+        "COLUMNS": "80",
+        "TERM": "xterm-256color",
+    }
+    code = "from poolkeeper.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+@pytest.fixture
+def initialised(tmp_path: Path) -> Path:
+    assert _poolctl(tmp_path, "init").returncode == 0
+    return tmp_path
+
+
+LONG_ID = "task-2f9c1e7a-5b3d-4c8e-9f0a-7b6c5d4e3f2a"
+
+
+def test_board_text_never_reaches_the_terminal_as_control_characters(initialised: Path) -> None:
+    title = "\x1b[2J\x1b[Hcleared \x07\u202egnp.exe [bold]x[/bold]"
+    added = _poolctl(initialised, "board", "add", "b", title, "--body", "\x1b]0;owned\x07")
+    listed = _poolctl(initialised, "board", "list")
+    for done in (added, listed):
+        assert done.returncode == 0, done.stderr
+        assert not [c for c in done.stdout if unicodedata.category(c) == "Cc" and c != "\n"], done.stdout
+        assert "\u202e" not in done.stdout
+    assert "\\x1b[2J" in listed.stdout and "[bold]x[/bold]" in listed.stdout  # shown, not obeyed
+
+
+def test_ids_are_never_cut_at_80_columns(initialised: Path) -> None:
+    store = PoolStore(f"sqlite:///{initialised}/pool.db")
+    store.add_run(board="engineering", task_id=LONG_ID, run_id=987654321, ordinal=2, payload={}, now=NOW)
+    store.add_run(board="b", task_id="t1", run_id=1, ordinal=0, payload={}, now=NOW)
+    with store.session() as s:
+        bookkeeping.record_failure(
+            s,
+            1,
+            "TransientError: board: the board database is locked " * 3,
+            policy=RetryPolicy(),
+            now=NOW,
+            actor="pass:materialize",
+        )
+    store.engine.dispose()
+    listed = _poolctl(initialised, "rows")
+    assert listed.returncode == 0, listed.stderr
+    assert f"engineering/{LONG_ID}" in listed.stdout and "987654321" in listed.stdout
+    assert max(len(line) for line in listed.stdout.splitlines()) <= 80
+    history = _poolctl(initialised, "rows", "1", "--history")
+    assert history.returncode == 0 and "pass:materialize" in history.stdout, history.stdout
+    assert "…" not in listed.stdout + history.stdout
+
+
+def test_help_shows_no_type_after_a_flag_and_a_bad_status_lists_the_good_ones(initialised: Path) -> None:
+    helped = _poolctl(initialised, "rows", "--help")
+    assert "--quarantined" in helped.stdout and "<bool>" not in helped.stdout
+    bogus = _poolctl(initialised, "board", "list", "--status", "bogus")
+    assert bogus.returncode == 2
+    assert "ready, running, blocked, done" in bogus.stderr, bogus.stderr
+
+
+# --- finding 20: every manifest gives each process what the README says it needs -----------
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+
+
+def _needs() -> dict[str, list[set[str]]]:
+    """README "Deploy": per process, the variables it needs; ``A` or `B`` is one need met by either."""
+    section = (ROOT / "README.md").read_text().split("What each process reads", 1)[1].split("\n\n", 2)[1]
+    needs: dict[str, list[set[str]]] = {}
+    for row in section.splitlines()[2:]:
+        _, process, wanted, _ = row.split("|")
+        alternatives = re.sub(r"\([^)]*\)", "", wanted).split(",")  # an aside in brackets names no need
+        needs[_process(process.strip(" `"))] = [set(re.findall(r"POOL_[A-Z_]+", a)) for a in alternatives]
+    return needs
+
+
+def _process(command: str) -> str:
+    words = command.replace('"', " ").split()
+    for name in ("init", "serve", "worker", "beat"):
+        if name in words and ({"poolctl", "celery"} & {w.rsplit("/", 1)[-1] for w in words}):
+            return name
+    return ""
+
+
+def _dotenv(path: Path) -> set[str]:
+    lines = [line.split("=", 1)[0].strip() for line in path.read_text().splitlines()]
+    return {name for name in lines if name and not name.startswith("#")}
+
+
+def _kubernetes() -> list[tuple[str, set[str]]]:
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "poolkeeper.yaml").read_text()) if d]
+    maps = {d["metadata"]["name"]: set(d.get("data", {})) for d in docs if d["kind"] == "ConfigMap"}
+    found = []
+    for d in docs:
+        if d["kind"] != "Deployment":
+            continue
+        spec = d["spec"]["template"]["spec"]
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            env = {e["name"] for e in c.get("env", [])}
+            for source in c.get("envFrom", []):
+                env |= maps.get(source.get("configMapRef", {}).get("name"), set())
+            found.append((_process(" ".join(c["command"])), env))
+    return found
+
+
+def _compose(name: str) -> list[tuple[str, set[str]]]:
+    services = yaml.safe_load((DEPLOY / name).read_text())["services"]
+    found = []
+    for service in services.values():
+        command = service.get("command", [])
+        env = set(service.get("environment", {}))
+        for env_file in service.get("env_file", []):
+            env |= _dotenv(DEPLOY / (env_file + ".example" if env_file == ".env" else env_file))
+        found.append((_process(" ".join(command) if isinstance(command, list) else command), env))
+    return found
+
+
+def _systemd() -> list[tuple[str, set[str]]]:
+    found = []
+    for unit in sorted((DEPLOY / "systemd").glob("*.service")):
+        text = unit.read_text()
+        env = set(re.findall(r"^Environment=(POOL_[A-Z_]+)=", text, re.M))
+        if re.search(r"^EnvironmentFile=/etc/poolkeeper/env$", text, re.M):
+            env |= _dotenv(DEPLOY / "systemd" / "env.example")
+        for command in re.findall(r"^ExecStart(?:Pre)?=(.*)$", text, re.M):
+            found.append((_process(command), env))
+    return found
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    ["k8s/poolkeeper.yaml", "docker-compose.yml", "docker-compose.sqlite.yml", "systemd/*.service"],
+)
+def test_each_manifest_runs_every_process_with_the_environment_the_readme_documents(manifest: str) -> None:
+    needs = _needs()
+    assert set(needs) == {"init", "worker", "beat", "serve"}
+    found = {
+        "k8s/poolkeeper.yaml": _kubernetes,
+        "docker-compose.yml": lambda: _compose("docker-compose.yml"),
+        "docker-compose.sqlite.yml": lambda: _compose("docker-compose.sqlite.yml"),
+        "systemd/*.service": _systemd,
+    }[manifest]()
+    assert {p for p, _ in found if p} == set(needs), f"{manifest} runs every process the README names"
+    missing = [
+        (process, sorted(need))
+        for process, env in found
+        if process
+        for need in needs[process]
+        if not need & env
+    ]
+    assert missing == [], f"{manifest}: processes without what the README says they need"
+
+
+def test_every_systemd_unit_has_the_hardening_its_readme_promises() -> None:
+    hardening = ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes")
+    hardening += ("PrivateDevices=yes", "CapabilityBoundingSet=", "User=poolkeeper", "Group=poolkeeper")
+    readme = (DEPLOY / "systemd" / "README.md").read_text()
+    for unit in sorted((DEPLOY / "systemd").glob("*.service")):
+        lines = unit.read_text().splitlines()
+        assert [h for h in hardening if h not in lines] == [], unit.name
+        assert f"`{unit.name}`" in readme, f"{unit.name} is in deploy/systemd/README.md"
