@@ -11,8 +11,9 @@ kombu's own keys and the control and event exchanges carry the namespace too,
 so deployments sharing one Redis never take each other's messages.
 
 Start-up refuses to serve, with one line on stderr and a non-zero exit before
-anything is consumed: a store or board that does not answer (75) or is not
-migrated (2), and a worker told (``-Q``) to consume another queue (2). Nothing
+anything is consumed (and, for beat, before its schedule file is opened): a store
+or board that does not answer (75) or is not migrated (78), and a worker told
+(``-Q``) to consume another queue (2). Nothing
 else runs at start-up: a worker or beat with poisoned rows in the store comes
 up and serves.
 """
@@ -64,10 +65,10 @@ SETTINGS = _settings()
 _metrics_dir(SETTINGS)  # before prometheus_client is imported (below) it must be set
 
 from celery import Celery, Task  # noqa: E402
+from celery.beat import PersistentScheduler  # noqa: E402
 from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
 from celery.signals import (  # noqa: E402
     after_setup_logger,
-    beat_init,
     task_received,
     worker_init,
     worker_process_init,
@@ -138,9 +139,34 @@ def make_app(settings: Settings) -> Celery:
         event_exchange=f"{ns}.events",
         worker_hijack_root_logger=True,
         beat_schedule=beat_schedule.schedule(settings, registry.PASSES),
-        beat_schedule_filename=f"{ns}-celerybeat-schedule",  # when beat is given no -s
+        beat_schedule_filename=schedule_file(settings),  # when beat is given no -s
+        beat_scheduler="tasks.celery:CheckedScheduler",
     )
     return celery
+
+
+def schedule_file(settings: Settings) -> str:
+    """Beat's default schedule file: the user's state directory, never the current one.
+
+    ``$XDG_STATE_HOME/poolkeeper`` (``~/.local/state/poolkeeper``); only last-run times
+    are kept there, so losing it runs each pass once more at start. ``-s`` still wins.
+    """
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "poolkeeper", f"{settings.namespace}-celerybeat-schedule")
+
+
+class CheckedScheduler(PersistentScheduler):  # type: ignore[misc]  # celery ships no types
+    """Beat's scheduler, which refuses before it opens its schedule file.
+
+    Celery opens (creates) the schedule file before it sends ``beat_init``, so a beat
+    refused there had already written it; here the store and board are checked first,
+    and a refusal leaves nothing behind.
+    """
+
+    def setup_schedule(self) -> None:
+        _refuse_unless_ready(SETTINGS)
+        os.makedirs(os.path.dirname(os.path.abspath(self.schedule_filename)), mode=0o700, exist_ok=True)
+        super().setup_schedule()
 
 
 app = make_app(SETTINGS)
@@ -211,11 +237,6 @@ def _worker_serving(**_: Any) -> None:
     # Logged here, not in worker_init: only now has Celery set up logging.
     if SETTINGS.metrics_port:
         log.info("metrics on http://%s:%d/metrics", SETTINGS.http_host, SETTINGS.metrics_port)
-
-
-@beat_init.connect
-def _beat_start(**_: Any) -> None:
-    _refuse_unless_ready(SETTINGS)
 
 
 @after_setup_logger.connect

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]  # no stubs in the dev extra
 from rich.console import Console
 
 from board import Board
@@ -359,10 +359,43 @@ def test_each_manifest_runs_every_process_with_the_environment_the_readme_docume
 
 
 def test_every_systemd_unit_has_the_hardening_its_readme_promises() -> None:
-    hardening = ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes")
-    hardening += ("PrivateDevices=yes", "CapabilityBoundingSet=", "User=poolkeeper", "Group=poolkeeper")
+    hardening = ["NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes"]
+    hardening += ["PrivateDevices=yes", "CapabilityBoundingSet=", "User=poolkeeper", "Group=poolkeeper"]
     readme = (DEPLOY / "systemd" / "README.md").read_text()
     for unit in sorted((DEPLOY / "systemd").glob("*.service")):
         lines = unit.read_text().splitlines()
         assert [h for h in hardening if h not in lines] == [], unit.name
         assert f"`{unit.name}`" in readme, f"{unit.name} is in deploy/systemd/README.md"
+
+
+# --- finding 13, leftover: a refused beat writes nothing, and exits as the README says ------
+
+
+def test_a_refused_beat_writes_no_schedule_file_and_exits_78(tmp_path: Path) -> None:
+    cwd, state = tmp_path / "cwd", tmp_path / "state"
+    cwd.mkdir()
+    env = {
+        **os.environ,
+        "POOL_DATABASE_URL": f"sqlite:///{tmp_path}/never-initialised.db",
+        "POOL_BOARD_URL": f"sqlite:///{tmp_path}/board.db",
+        "POOL_REDIS_URL": "redis://127.0.0.1:1/0",
+        "XDG_STATE_HOME": str(state),
+        "PYTHONPATH": str(ROOT),
+    }
+    argv = [sys.executable, "-m", "celery", "-A", "tasks", "beat", "-l", "info"]
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 78, done.stderr
+    assert "run `poolctl init`" in done.stderr
+    assert sorted(p.name for p in cwd.iterdir()) == []
+    assert not state.exists() or not any(state.rglob("*")), "nothing in the state directory either"
+    readme = (ROOT / "README.md").read_text()
+    assert "exit 78 (as `poolctl` does: run `poolctl init`)" in readme
+
+
+def test_beats_default_schedule_file_is_in_the_state_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks import celery
+
+    monkeypatch.setenv("XDG_STATE_HOME", "/var/lib/x")
+    assert (
+        celery.schedule_file(Settings(namespace="blue")) == "/var/lib/x/poolkeeper/blue-celerybeat-schedule"
+    )
