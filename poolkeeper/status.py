@@ -3,7 +3,9 @@
 ``store.numbers.read`` reads the store's part, as it does for ``/v1/status`` and the
 store gauges of ``/metrics``, so none of them can disagree: rows by state, ordinals
 (free, held by a healthy live row, held by a quarantined one), the oldest
-``lease_failed`` row, live child executions, audit events written; then board tasks
+``lease_failed`` row, live child executions, audit events written, each ordinal's last
+worker call (and which have had none for longer than a lease), the ``assigned`` rows
+that have waited longer than a lease; then board tasks
 by status, and from Redis each pass's last scan, beat liveness and the queue depth
 (``tasks.liveness``; ``None`` when Redis does not answer).
 """
@@ -53,8 +55,30 @@ def snapshot(
         "ordinals": found.ordinals,
         "live_children": found.live_children,
         "audit_events": found.audit_events,
+        **presence_view(found, now, store.lease_seconds),
         "board": board_counts,
         **plane.as_json(now),
+    }
+
+
+def presence_view(found: numbers.PoolNumbers, now: float, lease_seconds: float) -> dict[str, Any]:
+    """Worker presence as plain values: per ordinal its last call, and what waits longer than a lease."""
+    return {
+        "presence": [
+            {
+                "ordinal": p.ordinal,
+                "owner": p.owner,
+                "call": p.call,
+                "age_seconds": None if p.at is None else round(now - p.at, 1),
+            }
+            for p in found.presence
+        ],
+        "ordinals_without_worker": found.without_worker(now, lease_seconds),
+        "waiting_assigned": [
+            {"id": w.id, "ordinal": w.ordinal, "waited_seconds": round(now - w.since, 1)}
+            for w in found.waiting_assigned(now, lease_seconds)
+        ],
+        "lease_seconds": lease_seconds,
     }
 
 

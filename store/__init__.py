@@ -22,10 +22,10 @@ from core import db, validate
 from core.errors import CorruptRow, InvalidInput, PoolError
 from core.retry import RetryPolicy
 from core.settings import Settings, default
-from store import audit, lineage, transitions, worker
+from store import audit, lineage, presence, transitions, worker
 from store.envelope import Envelope
 from store.lineage import Child
-from store.models import metadata
+from store.models import Call, metadata
 from store.worker import PROTOCOL_VERSION, Offer
 
 __all__ = ["PROTOCOL_VERSION", "Child", "Envelope", "Offer", "PoolStore"]
@@ -53,6 +53,7 @@ class PoolStore:
         # Checked once before the first transaction (``_require_set_up``), when the store made its
         # own engine. A caller that hands one in checks readiness itself (`poolctl serve`: /readyz).
         self._set_up = engine is not None
+        self._presence = presence.Gate()  # which ordinals' presence this handle wrote lately
 
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine | None = None) -> PoolStore:
@@ -108,7 +109,7 @@ class PoolStore:
         now = _now(now)
         try:
             with self.connection() as conn:
-                return worker.offer(
+                grant = worker.offer(
                     conn,
                     ordinal,
                     owner=owner,
@@ -116,6 +117,12 @@ class PoolStore:
                     lease_seconds=self.lease_seconds,
                     now=now,
                 )
+                noted = self._presence.due(ordinal, owner, Call.OFFER, now)
+                if noted:
+                    presence.note(conn, ordinal, Call.OFFER, now, owner=owner)
+            if noted:
+                self._presence.written(ordinal, owner, now)
+            return grant
         except CorruptRow as err:
             try:
                 with self.session() as s:
@@ -129,16 +136,33 @@ class PoolStore:
         self, envelope: Envelope | Mapping[str, Any], *, now: float | None = None
     ) -> Literal["applied", "duplicate"]:
         """``envelope``: a mapping the store checks, or an ``Envelope`` already checked (the server's)."""
-        env = self._envelope(envelope)
+        env, now = self._envelope(envelope), _now(now)
         with self.connection() as conn:
-            return worker.heartbeat(conn, env, lease_seconds=self.lease_seconds, now=_now(now))
+            outcome = worker.heartbeat(conn, env, lease_seconds=self.lease_seconds, now=now)
+            noted = self._note_run(conn, env, Call.HEARTBEAT, now)
+        if noted:
+            self._presence.written(env.worker_ordinal, None, now)
+        return outcome
 
     def accept_result(
         self, envelope: Mapping[str, Any], *, now: float | None = None
     ) -> Literal["applied", "duplicate"]:
-        env = Envelope.parse(envelope, pool_size=self.pool_size, with_result=True)
+        env, now = Envelope.parse(envelope, pool_size=self.pool_size, with_result=True), _now(now)
         with self.connection() as conn:
-            return worker.accept_result(conn, env, now=_now(now))
+            outcome = worker.accept_result(conn, env, now=now)
+            noted = self._note_run(conn, env, Call.RESULT, now)
+        if noted:
+            self._presence.written(env.worker_ordinal, None, now)
+        return outcome
+
+    def _note_run(self, conn: Connection, env: Envelope, call: Call, now: float) -> bool:
+        """Note the holder's call on its ordinal's presence, unless this handle did lately."""
+        if not self._presence.due(env.worker_ordinal, None, call, now):
+            return False
+        presence.note_run(
+            conn, env.worker_ordinal, call, now, board=env.board, task_id=env.task_id, run_id=env.run_id
+        )
+        return True
 
     def release(
         self, envelope: Envelope | Mapping[str, Any], *, now: float | None = None

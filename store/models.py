@@ -279,4 +279,33 @@ class FenceSequence(Base):
     __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
 
 
+class Call(StrEnum):
+    """The worker calls that say an ordinal's worker is there (``OrdinalPresence.call``)."""
+
+    OFFER = "offer"
+    HEARTBEAT = "heartbeat"
+    RESULT = "result"
+
+
+CALL_CHECK_SQL = "call IN (" + ", ".join(f"'{c.value}'" for c in Call) + ")"
+
+
+class OrdinalPresence(Base):
+    """The last worker call seen on each ordinal, and the instance that made it.
+
+    Written by the worker calls themselves (``store.presence.note``), at most once per
+    ``presence.EVERY_SECONDS`` per ordinal and store handle, so a polling worker costs a
+    skipped statement, not a write; a result, which changes its row anyway, always writes.
+    """
+
+    __tablename__ = "ordinal_presence"
+
+    ordinal: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    owner: Mapped[str | None] = mapped_column(String(128))  # the worker instance, when the call names one
+    call: Mapped[str] = mapped_column(String(16))
+    at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (CheckConstraint(CALL_CHECK_SQL, name="call"),)
+
+
 metadata = Base.metadata

@@ -1,5 +1,9 @@
 """The pool's numbers, read in one transaction: the one function ``poolctl status``, the console,
 ``/v1/status`` and the store gauges of ``/metrics`` build them with, so no two can disagree.
+
+Worker presence is judged here too, against one lease: an ordinal whose last worker
+call is older than a lease (or never seen) has no worker; an ``assigned`` row older
+than a lease waits for one.
 """
 
 from __future__ import annotations
@@ -8,7 +12,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from store import lineage, queries
+from store import lineage, presence, queries
 from store.models import RowState
 
 
@@ -22,6 +26,16 @@ class PoolNumbers:
     oldest_lease_failed_at: float | None  # when the longest-waiting lease_failed row got there
     live_children: int
     audit_events: int  # written since init (the highest event id)
+    presence: list[presence.Seen]  # every ordinal's last worker call, by ordinal
+    assigned_since: list[queries.Waiting]  # assigned rows, with when they became assigned
+
+    def without_worker(self, now: float, lease_seconds: float) -> list[int]:
+        """Ordinals with no worker call for longer than a lease (or none ever seen)."""
+        return [p.ordinal for p in self.presence if p.at is None or now - p.at > lease_seconds]
+
+    def waiting_assigned(self, now: float, lease_seconds: float) -> list[queries.Waiting]:
+        """``assigned`` rows that have waited longer than a lease for their ordinal's worker."""
+        return [w for w in self.assigned_since if now - w.since > lease_seconds]
 
     @property
     def ordinals(self) -> dict[str, int]:
@@ -39,4 +53,6 @@ def read(s: Session, pool_size: int) -> PoolNumbers:
         oldest_lease_failed_at=queries.oldest_in_state(s, RowState.LEASE_FAILED),
         live_children=lineage.live_count(s),
         audit_events=queries.audit_events_written(s),
+        presence=presence.read(s, pool_size),
+        assigned_since=queries.assigned_since(s),
     )

@@ -146,6 +146,20 @@ def rows_of_tasks(s: Session, board: str, task_ids: Sequence[str]) -> list[Assig
     return list(s.scalars(stmt))
 
 
+class Waiting(NamedTuple):
+    """An ``assigned`` row and since when it waits for its ordinal's worker."""
+
+    id: int
+    ordinal: int
+    since: float
+
+
+def assigned_since(s: Session) -> list[Waiting]:
+    """Every ``assigned`` row (at most the pool size), by ordinal; ``updated_at`` is when it got there."""
+    stmt = select(A.id, A.ordinal, A.updated_at).where(A.state == RowState.ASSIGNED.value).order_by(A.ordinal)
+    return [Waiting(*r) for r in s.execute(stmt)]
+
+
 def live_rows(s: Session) -> list[Assignment]:
     """The rows holding an ordinal (at most one per ordinal, so at most the pool size)."""
     return list(s.scalars(select(A).where(A.state.in_(_LIVE)).order_by(A.ordinal)))

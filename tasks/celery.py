@@ -11,8 +11,9 @@ kombu's own keys and the control and event exchanges carry the namespace too,
 so deployments sharing one Redis never take each other's messages.
 
 Start-up refuses to serve, with one line on stderr and a non-zero exit before
-anything is consumed: a store or board that does not answer (75) or is not
-migrated (2), and a worker told (``-Q``) to consume another queue (2). Nothing
+anything is consumed (and, for beat, before its schedule file is opened): a store
+or board that does not answer (75) or is not migrated (78), and a worker told
+(``-Q``) to consume another queue (2). Nothing
 else runs at start-up: a worker or beat with poisoned rows in the store comes
 up and serves.
 """
@@ -64,10 +65,10 @@ SETTINGS = _settings()
 _metrics_dir(SETTINGS)  # before prometheus_client is imported (below) it must be set
 
 from celery import Celery, Task  # noqa: E402
+from celery.beat import PersistentScheduler  # noqa: E402
 from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
 from celery.signals import (  # noqa: E402
     after_setup_logger,
-    beat_init,
     task_received,
     worker_init,
     worker_process_init,
@@ -89,6 +90,14 @@ PROCESS_TASK = planes.process_task(SETTINGS)
 # INFO log, and nothing the project's own per-batch summaries do not say better.
 # Their failures are logged at ERROR by the same loggers and still show.
 CHATTY_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
+
+
+def _not_a_due_task(record: logging.LogRecord) -> bool:
+    """Beat's "Scheduler: Sending due task" is one line per pass per tick (~50 a minute at the
+    defaults) saying only that the schedule runs; the scans' own "enqueued N keys" say more.
+    Only that line goes: "beat: Starting..." and beat's warnings and errors stay."""
+    due = str(record.msg).startswith("Scheduler: Sending due task")
+    return not (due and record.levelno < logging.WARNING)
 
 
 def make_app(settings: Settings) -> Celery:
@@ -130,9 +139,34 @@ def make_app(settings: Settings) -> Celery:
         event_exchange=f"{ns}.events",
         worker_hijack_root_logger=True,
         beat_schedule=beat_schedule.schedule(settings, registry.PASSES),
-        beat_schedule_filename=f"{ns}-celerybeat-schedule",  # when beat is given no -s
+        beat_schedule_filename=schedule_file(settings),  # when beat is given no -s
+        beat_scheduler="tasks.celery:CheckedScheduler",
     )
     return celery
+
+
+def schedule_file(settings: Settings) -> str:
+    """Beat's default schedule file: the user's state directory, never the current one.
+
+    ``$XDG_STATE_HOME/poolkeeper`` (``~/.local/state/poolkeeper``); only last-run times
+    are kept there, so losing it runs each pass once more at start. ``-s`` still wins.
+    """
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "poolkeeper", f"{settings.namespace}-celerybeat-schedule")
+
+
+class CheckedScheduler(PersistentScheduler):  # type: ignore[misc]  # celery ships no types
+    """Beat's scheduler, which refuses before it opens its schedule file.
+
+    Celery opens (creates) the schedule file before it sends ``beat_init``, so a beat
+    refused there had already written it; here the store and board are checked first,
+    and a refusal leaves nothing behind.
+    """
+
+    def setup_schedule(self) -> None:
+        _refuse_unless_ready(SETTINGS)
+        os.makedirs(os.path.dirname(os.path.abspath(self.schedule_filename)), mode=0o700, exist_ok=True)
+        super().setup_schedule()
 
 
 app = make_app(SETTINGS)
@@ -205,15 +239,13 @@ def _worker_serving(**_: Any) -> None:
         log.info("metrics on http://%s:%d/metrics", SETTINGS.http_host, SETTINGS.metrics_port)
 
 
-@beat_init.connect
-def _beat_start(**_: Any) -> None:
-    _refuse_unless_ready(SETTINGS)
-
-
 @after_setup_logger.connect
 def _quiet_celery(**_: Any) -> None:
     for name in CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    beat = logging.getLogger("celery.beat")
+    if _not_a_due_task not in beat.filters:
+        beat.addFilter(_not_a_due_task)
 
 
 @worker_process_shutdown.connect
@@ -233,9 +265,10 @@ def scan_pass(pass_name: str) -> None:
     """
     try:
         n = scan.scan(planes.current(), pass_name, time.time(), _enqueue)
-    except TransientError as err:
-        log.warning("%s: scan skipped this tick: %s", pass_name, err)
+    except TransientError as err:  # once per distinct detail, not on every tick it lasts
+        failures.reporter.once(pass_name, "scan", f"skipped this tick: {failures.describe(err)}")
         return
+    failures.reporter.succeeded(pass_name, "scan")
     if n:
         log.info("%s: enqueued %d keys", pass_name, n)
 
@@ -253,12 +286,11 @@ def process(self: Task, pass_name: str, keys: list[Any]) -> None:
         log.warning("%s: soft time limit hit; the unfinished keys are rescanned", pass_name)
         _clear(plane, p.name, [p.key_name(k) for k in keys])
         return
-    if summary := result.summary():
-        log.info("%s: %s", pass_name, summary)
     finished = [key for key, _ in result.done]
     again = []
     for key, err in result.transient:
         if self.request.retries < plane.settings.transient_retries:
+            failures.reporter.once(pass_name, p.key_name(key), f"busy, retried: {failures.describe(err)}")
             again.append(key)
         else:
             failures.give_up(plane, p, key, err, now)

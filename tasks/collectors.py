@@ -2,11 +2,12 @@
 
 The top floor of the metrics: rows by state, the quarantined count, the ordinals
 (free, held, held by a quarantined row), the live child executions and the audit
-events written are read from the store (``store.numbers``, what ``poolctl status``
-shows); each pass's last scan and the queue depth from Redis (``tasks.liveness``,
-which reads the registry of passes). The counters the passes bump live below, in
-``tasks.metrics``, which imports nothing of the plane: a pass importing its
-counter never reaches back up here.
+events written, and worker presence (each ordinal's last call, ordinals without a
+worker, rows waiting ``assigned`` past a lease) are read from the store
+(``store.numbers``, what ``poolctl status`` shows); each pass's last scan and the
+queue depth from Redis (``tasks.liveness``, which reads the registry of passes). The
+counters the passes bump live below, in ``tasks.metrics``, which imports nothing of
+the plane: a pass importing its counter never reaches back up here.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class StoreCollector:
             "The audit trail's highest event id: events appended so far.",
             value=found.audit_events,
         )
+        yield from _presence(found, time.time(), self.store.lease_seconds)
 
 
 class PlaneCollector:
@@ -87,6 +89,26 @@ class PlaneCollector:
             "1 while some pass was scanned within 3 of its intervals.",
             value=int(bool(health.beat_alive)),
         )
+
+
+def _presence(found: numbers.PoolNumbers, now: float, lease_seconds: float) -> Iterator[GaugeMetricFamily]:
+    """Worker presence: seconds since each ordinal's last worker call, and what waits on a missing worker."""
+    yield _by(
+        "poolkeeper_ordinal_last_seen_seconds",
+        "Seconds since the ordinal's worker last called offer, heartbeat or result (absent: never seen).",
+        "ordinal",
+        {str(p.ordinal): now - p.at for p in found.presence if p.at is not None},
+    )
+    yield GaugeMetricFamily(
+        "poolkeeper_ordinals_without_worker",
+        "Ordinals with no worker call for longer than a lease (or none ever seen).",
+        value=len(found.without_worker(now, lease_seconds)),
+    )
+    yield GaugeMetricFamily(
+        "poolkeeper_assigned_over_lease_rows",
+        "Rows that have waited `assigned` for longer than a lease: their ordinal's worker is missing.",
+        value=len(found.waiting_assigned(now, lease_seconds)),
+    )
 
 
 def _by(name: str, documentation: str, label: str, values: Mapping[str, float]) -> GaugeMetricFamily:

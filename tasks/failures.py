@@ -99,12 +99,15 @@ def handle(plane: Plane, p: Pass, key: Key, err: Exception, now: float) -> Outco
     return record(plane, p, [(key, err)], now, counts=True)[0]
 
 
+def listed(names: Sequence[object], shown: int = 20) -> str:
+    """``7``, ``7, 9, 12``, or the first ``shown`` and how many more: bounded, whatever the batch."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(map(str, names[:shown])) + more
+
+
 def _rows(row_ids: list[int], shown: int = 20) -> str:
     """``row 7``, ``rows 7, 9, 12``, or the first ``shown`` and how many more."""
-    if len(row_ids) == 1:
-        return f"row {row_ids[0]}"
-    more = f" and {len(row_ids) - shown} more" if len(row_ids) > shown else ""
-    return "rows " + ", ".join(map(str, row_ids[:shown])) + more
+    return ("row " if len(row_ids) == 1 else "rows ") + listed(row_ids, shown)
 
 
 def give_up(plane: Plane, p: Pass, key: Key, err: BaseException, now: float) -> Outcome:

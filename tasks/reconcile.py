@@ -1,8 +1,8 @@
 """Reconcile board.
 
-Scanner (every ``reconcile_seconds``), for every board that has live rows or
-that the board lists (archived ones too), one board at a time; one board's
-failure is reported once and never stops the next:
+Scanner (every ``reconcile_seconds``), for every board that has live rows, then
+every other board the board lists (archived ones too), one board at a time; one
+board's failure, or the listing's, is reported once and never stops the rest:
 1. a live row (``assigned``/``running``) whose board run is not running any
    more is submitted to this pass (``result`` rows are left to the results
    pass, which applies or settles them on the board's answer);
@@ -35,19 +35,36 @@ LIVE_HELD = (RowState.ASSIGNED, RowState.RUNNING)
 
 
 def find(plane: Plane, now: float, submit: Submit) -> int:
+    """The boards with live rows first, then the others the board lists: a failing registry
+    (``list_boards``) never keeps a row whose run moved on live, so its worker stops."""
     with plane.store.session(readonly=True) as s:
-        boards = set(queries.boards_with_live_rows(s))
-    boards.update(plane.board.list_boards(include_archived=True))
+        active = set(queries.boards_with_live_rows(s))
+    enqueued = _scan_boards(plane, active, submit)
+    try:
+        listed = set(plane.board.list_boards(include_archived=True))
+    except Exception as err:
+        _report("boards", err)
+        return enqueued
+    failures.reporter.succeeded(PASS.name, "boards")
+    return enqueued + _scan_boards(plane, listed - active, submit)
+
+
+def _scan_boards(plane: Plane, boards: set[str], submit: Submit) -> int:
     enqueued = 0
     for board in sorted(boards):
         try:
             enqueued += _scan_board(plane, board, submit)
         except Exception as err:
-            level = logging.WARNING if isinstance(err, PoolError) else logging.ERROR  # ERROR: a bug
-            failures.reporter.once(PASS.name, f"board {board}", failures.describe(err), level)
+            _report(f"board {board}", err)
         else:
             failures.reporter.succeeded(PASS.name, f"board {board}")
     return enqueued
+
+
+def _report(what: str, err: Exception) -> None:
+    """Once per distinct detail; the next board (or the listed ones) goes on regardless."""
+    level = logging.WARNING if isinstance(err, PoolError) else logging.ERROR  # ERROR: a bug
+    failures.reporter.once(PASS.name, what, failures.describe(err), level)
 
 
 def _scan_board(plane: Plane, board: str, submit: Submit) -> int:

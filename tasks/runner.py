@@ -25,7 +25,7 @@ from core import db
 from core.errors import ProtocolError, TransientError
 from core.isolate import isolate
 from tasks import failures, metrics, registry
-from tasks.declaration import QUIET, ROUTINE, Key, Outcome, Pass
+from tasks.declaration import QUIET, Key, Outcome, Pass
 from tasks.failures import ErrorClass
 from tasks.plane import Plane
 
@@ -50,31 +50,29 @@ class BatchResult:
         self.done.append((key, outcome))
 
     def report(self) -> None:
-        """Metrics by outcome (one update per outcome, not per key), unusual keys logged by name."""
+        """Metrics by outcome (one update per outcome, not per key); one line per outcome naming its keys.
+
+        ``results 17: finalized``, ``expire 3, 4, 11: reoffered``: every outcome that changed
+        something names what it changed, in one line per outcome of the batch (a storm's
+        lists the first keys and how many more); quiet outcomes (nothing happened) log nothing.
+        """
         counts = self.outcomes
         for outcome, n in counts.items():
             metrics.PASS_OUTCOMES.labels(self.p.name, outcome.value).inc(n)
-        debug = log.isEnabledFor(logging.DEBUG)
-        if not debug and not set(counts) - QUIET - ROUTINE and not failures.reporter.has(self.p.name):
+        reported = failures.reporter.has(self.p.name)
+        if not set(counts) - QUIET and not reported:
             return  # the everyday case of a storm: nothing to name, nothing to forget
+        named: dict[Outcome, list[str]] = {}
         for key, outcome in self.done:
-            name = self.p.key_name(key)
             if outcome in UNSETTLED:
                 continue  # tasks.failures reported it, once, with its error
-            if outcome not in QUIET and (debug or outcome not in ROUTINE):
-                level = logging.DEBUG if outcome in ROUTINE else logging.INFO
-                log.log(level, "%s %s: %s", self.p.name, name, outcome)
-            failures.reporter.succeeded(self.p.name, name)
-
-    def summary(self) -> str:
-        """``"reoffered=198 lock_busy=2"``, or empty when nothing happened worth a line."""
-        counts = self.outcomes
-        if not set(counts) - QUIET and not self.transient:
-            return ""
-        parts = [f"{k.value}={v}" for k, v in sorted(counts.items())]
-        if self.transient:
-            parts.append(f"transient={len(self.transient)}")
-        return " ".join(parts)
+            name = self.p.key_name(key)
+            if outcome not in QUIET:
+                named.setdefault(outcome, []).append(name)
+            if reported:
+                failures.reporter.succeeded(self.p.name, name)
+        for outcome, names in named.items():
+            log.info("%s %s: %s", self.p.name, failures.listed(names), outcome)
 
 
 # Outcomes that leave the key's failure streak open: its report is not forgotten.

@@ -18,7 +18,7 @@ from core import validate
 from core.errors import InvalidInput, exit_code
 
 # Importing the group modules registers their commands on ``app``.
-from poolkeeper.cli import board_cmds, store_cmds, wire_cmds  # noqa: F401
+from poolkeeper.cli import board_cmds, render, store_cmds, wire_cmds  # noqa: F401
 from poolkeeper.cli.base import _fail, app
 
 __all__ = ["app", "main"]
@@ -26,6 +26,7 @@ __all__ = ["app", "main"]
 
 def main() -> None:
     """Entry point: every failure is one line on stderr and the exit code its class carries."""
+    render.flags_without_types()
     try:
         _require_utf8(sys.argv[1:])
         code = app(prog_name="poolctl", standalone_mode=False)

@@ -38,16 +38,20 @@ def board_add(
     """Add a ready task."""
     pool_lane = _settings().lane
     lane = pool_lane if lane is None else lane
-    out.print(_kanban("write").add_task(board, title, body, lane=lane, task_id=task_id))
+    out.print(render.line("{}", _kanban("write").add_task(board, title, body, lane=lane, task_id=task_id)))
     if lane != pool_lane:
-        note = f"lane {lane!r} is not the pool's lane ({pool_lane!r}): the pool will never claim it"
-        print(f"poolctl: note: {note}", file=sys.stderr)
+        note = render.line(
+            "lane {} is not the pool's lane ({}): the pool will never claim it", lane, pool_lane
+        )
+        print(f"poolctl: note: {note.plain}", file=sys.stderr)
 
 
 @board_app.command("list")
 def board_list(
     board: Annotated[str | None, typer.Argument()] = None,
-    status_: Annotated[str | None, typer.Option("--status")] = None,
+    status_: Annotated[
+        str | None, typer.Option("--status", help="Only tasks in this status: " + ", ".join(TaskStatus))
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List tasks."""
@@ -59,7 +63,8 @@ def board_list(
         try:
             want = TaskStatus(status_)
         except ValueError:
-            raise InvalidInput("--status", f"unknown status {status_!r}") from None
+            valid = ", ".join(s.value for s in TaskStatus)
+            raise InvalidInput("--status", f"unknown status {status_!r}; one of {valid}") from None
     found = kanban.list_tasks(board, want)
     data = [
         {
@@ -75,7 +80,7 @@ def board_list(
         }
         for t in found
     ]
-    _emit(data, render.tasks(found), as_json)
+    _emit(data, render.tasks(found, out.width), as_json)
 
 
 @board_app.command("cancel")
@@ -88,11 +93,11 @@ def board_cancel(board: str, task_id: str) -> None:
         pool = f"its pool row is left to reconcile ({got.left_to_reconcile})"
     else:
         pool = "no live pool row"
-    out.print(f"{board}/{task_id} cancelled ({got.task.status.value}); {pool}")
+    out.print(render.line("{}/{} cancelled ({}); {}", board, task_id, got.task.status.value, pool))
 
 
 @board_app.command("unblock")
 def board_unblock(board: str, task_id: str) -> None:
     """Put a parked task back to ready."""
     _kanban("write").unblock_task(board, task_id)
-    out.print(f"{board}/{task_id} ready")
+    out.print(render.line("{}/{} ready", board, task_id))

@@ -2,6 +2,11 @@
 
 The commands query and build the data (what ``--json`` prints as it is); these functions
 only lay it out, so a new column touches one function and no query.
+
+Every text that came from the board or the store (titles, ids, errors, owners) goes
+through ``safe``: a ``Text`` (never Rich markup) whose control characters are shown
+escaped (``\x1b``), so a task title cannot clear the operator's screen or move the
+cursor. Ids are never cut: their columns do not wrap and keep their whole width.
 """
 
 from __future__ import annotations
@@ -10,17 +15,82 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from rich import box
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
 from board import BoardTask
 
+# C0 and C1 controls, DEL, and the bidirectional overrides that reorder what a terminal shows.
+_BIDI = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A)) | {0x200E, 0x200F, 0x061C}
+
+
+def _escaped(ch: str) -> str:
+    n = ord(ch)
+    if n < 0x20 or 0x7F <= n < 0xA0:
+        return f"\\x{n:02x}"
+    return f"\\u{n:04x}" if n in _BIDI else ch
+
+
+def safe(value: object, style: str = "") -> Text:
+    """``value`` as plain text for the terminal: no markup, no control character it did not make."""
+    raw = "" if value is None else str(value)
+    if raw.isprintable() and not any(ord(c) in _BIDI for c in raw):
+        return Text(raw, style=style)
+    return Text("".join(_escaped(c) for c in raw), style=style)
+
+
+def line(template: str, *values: object) -> Text:
+    """A one-line message: the project's own words, with each value made ``safe``."""
+    return Text(template.format(*(safe(v).plain for v in values)))
+
+
+Cell = str | Text
+
+
+def fitted(
+    headers: list[str], cells: list[list[Cell]], width: int, *, wrap: tuple[str, ...] = (), title: Cell = ""
+) -> Table:
+    """A table whose columns are never cut, or, when they do not fit ``width``, one block per row.
+
+    Only the ``wrap`` columns (free text: errors, details, titles) may wrap, never below 20
+    characters; every other cell (ids above all) keeps its whole width. When those do not fit
+    across the terminal, each row becomes lines of ``header: value``, so an id is still one
+    piece to copy, whatever the width.
+    """
+    wide = [max([len(h)] + [len(str(row[i])) for row in cells]) for i, h in enumerate(headers)]
+    least = [min(w, 20) if h in wrap else w for h, w in zip(headers, wide, strict=True)]
+    need = sum(least) + 2 * len(headers) - 2  # padding between columns, none at the edges
+    if need <= width:
+        table = Table(title=title or None, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for h in headers:
+            if h in wrap:
+                table.add_column(h, overflow="fold", min_width=min(20, len(h)), ratio=1)
+            else:
+                table.add_column(h, no_wrap=True, min_width=wide[headers.index(h)])
+        for row in cells:
+            table.add_row(*row)
+        return table
+    blocks = Table.grid()
+    if title:
+        blocks.add_row(title)
+    for row in cells:
+        block = Text()
+        for h, value in zip(headers, row, strict=True):
+            block.append(f"{h}: ", style="bold")
+            block.append(value if isinstance(value, Text) else Text(value))
+            block.append("\n")
+        blocks.add_row(block)
+    return blocks
+
 
 def status(data: dict[str, Any], pool_size: int) -> Table:
     """``poolctl status``: the pool's numbers (``poolkeeper.status.snapshot``)."""
     free, counts = data["free_ordinals"], data["rows"]
     table = Table(title="poolkeeper", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
     for state, n in counts.items():
         table.add_row(f"rows {state}", str(n))
     table.add_row("free ordinals", f"{len(free)}/{pool_size} {free}")
@@ -32,7 +102,8 @@ def status(data: dict[str, Any], pool_size: int) -> Table:
     table.add_row("ordinals held by quarantined rows", stuck)
     table.add_row("live child executions", str(data["live_children"]))
     table.add_row("audit events written", str(data["audit_events"]))
-    unknown = f"unknown ({data['redis_error']})"
+    _presence(table, data)
+    unknown = safe(f"unknown ({data['redis_error']})")
     depth = data["queue_depth"]
     table.add_row("queue depth", unknown if depth is None else str(depth))
     alive = data["beat_alive"]
@@ -42,59 +113,77 @@ def status(data: dict[str, Any], pool_size: int) -> Table:
         seen = "unknown" if scan["late"] is None else "never" if age is None else f"{age:.0f}s ago"
         table.add_row(f"last scan {name}", seen + (" (late)" if scan["late"] and age is not None else ""))
     for st, n in data["board"].items():
-        table.add_row(f"board {st}", str(n))
+        table.add_row(safe(f"board {st}"), str(n))
     return table
 
 
-def rows(found: list[dict[str, Any]]) -> Table:
-    """``poolctl rows``: one line per row."""
-    table = Table("id", "board/task", "run", "ord", "state", "att", "fence", "failures", "last error")
-    for r in found:
-        table.add_row(
+def _presence(table: Table, data: dict[str, Any]) -> None:
+    """Each ordinal's last worker call; a warning for ordinals without one for over a lease."""
+    lease, missing = data["lease_seconds"], set(data["ordinals_without_worker"])
+    for p in data["presence"]:
+        age = p["age_seconds"]
+        seen = "no worker call seen" if age is None else f"{p['call']} {age:.0f}s ago by {p['owner'] or '?'}"
+        warn = f" (WARNING: no worker for over a lease, {lease:.0f}s)" if p["ordinal"] in missing else ""
+        table.add_row(f"ordinal {p['ordinal']} worker", safe(seen + warn, style="red" if warn else ""))
+    waiting = data["waiting_assigned"]
+    listed = ", ".join(f"row {w['id']} on ordinal {w['ordinal']} {w['waited_seconds']:.0f}s" for w in waiting)
+    flag = Text(f"WARNING: {listed} (no worker takes them)", style="red") if waiting else Text("-")
+    table.add_row("assigned longer than a lease", flag)
+
+
+def rows(found: list[dict[str, Any]], width: int) -> Table:
+    """``poolctl rows``: one line per row (a block per row when that cannot fit); ids whole."""
+    headers = ["id", "board/task", "run", "ord", "state", "att", "fence", "fail", "last error"]
+    cells: list[list[Cell]] = [
+        [
             str(r["id"]),
-            f"{r['board']}/{r['task_id']}",
+            safe(f"{r['board']}/{r['task_id']}"),
             str(r["run_id"]),
             str(r["ordinal"]),
             r["state"] + (" (Q)" if r["quarantined"] else ""),
             str(r["attempt"]),
             str(r["fence"] or "-"),
             str(r["failures"]),
-            (r["last_error"] or "")[:60],
-        )
-    return table
+            safe((r["last_error"] or "")[:200]),
+        ]
+        for r in found
+    ]
+    return fitted(headers, cells, width, wrap=("last error",))
 
 
 def row_tree(row_id: int, data: dict[str, Any]) -> Tree:
     """``poolctl rows ROW``: the row and its child executions, nested."""
-    root = Tree(f"row {row_id} {data['board']}/{data['task_id']} run {data['run_id']}: {data['state']}")
+    root = Tree(safe(f"row {row_id} {data['board']}/{data['task_id']} run {data['run_id']}: {data['state']}"))
 
     def add(branch: Tree, children: list[dict[str, Any]]) -> None:
         for c in children:
             outcome = f" ({c['outcome']})" if c["outcome"] else ""
             label = f"{c['id'].rsplit('/', 1)[1]} {c['status']}{outcome} epoch {c['epoch']}"
-            add(branch.add(label), c["children"])
+            add(branch.add(safe(label)), c["children"])
 
     add(root, data["children"])
     return root
 
 
-def history(row_id: int, data: dict[str, Any]) -> Table | Text:
+def history(row_id: int, data: dict[str, Any], width: int) -> Table | Text:
     """``poolctl rows ROW --history``: its audit trail, oldest first."""
-    title = f"row {row_id} {data['board']}/{data['task_id']} run {data['run_id']}: {data['state']}"
+    title = safe(f"row {row_id} {data['board']}/{data['task_id']} run {data['run_id']}: {data['state']}")
     if not data["history"]:
-        return Text(f"{title}\nno recorded events (none yet, or all older than the retention)")
-    table = Table("time (UTC)", "kind", "from → to", "att", "fence", "actor", "detail", title=Text(title))
-    for e in data["history"]:
-        table.add_row(
+        return Text.assemble(title, "\nno recorded events (none yet, or all older than the retention)")
+    headers = ["time (UTC)", "kind", "from → to", "att", "fence", "actor", "detail"]
+    cells: list[list[Cell]] = [
+        [
             _utc(e["at"]),
             e["kind"],
             f"{e['from'] or '-'} → {e['to'] or '-'}",
             str(e["attempt"] or "-"),
             str(e["fence"] or "-"),
-            Text(e["actor"]),
-            Text(e["detail"] or ""),  # text, never markup: an error may hold brackets
-        )
-    return table
+            safe(e["actor"]),
+            safe(e["detail"]),
+        ]
+        for e in data["history"]
+    ]
+    return fitted(headers, cells, width, wrap=("detail",), title=title)
 
 
 def outcomes(data: Mapping[str, Mapping[Any, int]]) -> Table:
@@ -105,20 +194,42 @@ def outcomes(data: Mapping[str, Mapping[Any, int]]) -> Table:
     return table
 
 
-def tasks(found: list[BoardTask]) -> Table:
-    """``poolctl board list``: one line per task."""
-    table = Table("board", "id", "title", "status", "lane", "run", "block reason")
-    for t in found:
-        table.add_row(
-            t.board,
-            t.id,
-            t.title[:40],
+def tasks(found: list[BoardTask], width: int) -> Table:
+    """``poolctl board list``: one line per task (a block per task when that cannot fit)."""
+    headers = ["board", "id", "title", "status", "lane", "run", "block reason"]
+    cells: list[list[Cell]] = [
+        [
+            safe(t.board),
+            safe(t.id),
+            safe(t.title[:40]),
             t.status.value,
-            t.lane,
+            safe(t.lane),
             str(t.current_run_id or "-"),
-            t.block_reason or "",
-        )
-    return table
+            safe(t.block_reason),
+        ]
+        for t in found
+    ]
+    return fitted(headers, cells, width, wrap=("title", "block reason"))
+
+
+def flags_without_types() -> None:
+    """``--help`` shows no ``<bool>`` after a flag: it takes no value, so it has no type to show.
+
+    typer 0.29 prints every option's type, flags included; a flag's "type" is whether it
+    was given. Patched once on typer's option class (by ``poolkeeper.cli.main``), for every
+    command and ``--help`` itself.
+    """
+    from typer import core
+
+    shown = core.TyperOption.display_type_rich
+    if getattr(shown, "poolkeeper_flags", False):
+        return
+
+    def display_type_rich(self: core.TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag and self.metavar is None else shown(self, ctx)
+
+    display_type_rich.poolkeeper_flags = True  # type: ignore[attr-defined]
+    core.TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 
 def _utc(at: float) -> str:

@@ -34,8 +34,8 @@ def init() -> None:
     store, kanban = _store("create"), _kanban("create")
     store.migrate()
     kanban.migrate()
-    out.print(f"pool store ready: {mask_url(store.engine.url)}")
-    out.print(f"board ready:      {kanban.location()}")
+    out.print(render.line("pool store ready: {}", mask_url(store.engine.url)))
+    out.print(render.line("board ready:      {}", kanban.location()))
 
 
 @app.command()
@@ -104,7 +104,7 @@ def rows(
             ) from None
     with _store().session(readonly=True) as s:
         found = [_row_dict(r) for r in queries.rows(s, state=want, quarantined=quarantined, limit=limit)]
-    _emit(found, render.rows(found), as_json)
+    _emit(found, render.rows(found, out.width), as_json)
 
 
 def _row_with_children(row_id: int, as_json: bool) -> None:
@@ -116,7 +116,7 @@ def _row_with_children(row_id: int, as_json: bool) -> None:
 def _row_history(row_id: int, limit: int, as_json: bool) -> None:
     with _store().session(readonly=True) as s:
         data = {**_row_dict(rows_.get_row(s, row_id)), "history": audit.history(s, row_id, limit=limit)}
-    _emit(data, render.history(row_id, data), as_json)
+    _emit(data, render.history(row_id, data, out.width), as_json)
 
 
 @app.command()
@@ -126,7 +126,9 @@ def requeue(
     """Clear a row's backoff and quarantine so the next scan retries it now."""
     with _store("write").session() as s:
         got = transitions.requeue(s, row, now=time.time(), actor=audit.OPERATOR)
-    out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}, {got.state}) requeued")
+    out.print(
+        render.line("row {} ({}/{} run {}, {}) requeued", row, got.board, got.task_id, got.run_id, got.state)
+    )
 
 
 @app.command()
@@ -138,7 +140,17 @@ def abandon(
     got = operator.abandon(_kanban("write"), _store("write"), row, reason, time.time())
     board = "parked" if got.parked else "had already moved the run on"
     pool = f"ordinal {got.settled.ordinal} free" if got.settled else "settled meanwhile by the plane"
-    out.print(f"row {row} ({got.board}/{got.task_id} run {got.run_id}) abandoned: board {board}; {pool}")
+    out.print(
+        render.line(
+            "row {} ({}/{} run {}) abandoned: board {}; {}",
+            row,
+            got.board,
+            got.task_id,
+            got.run_id,
+            board,
+            pool,
+        )
+    )
 
 
 @app.command()

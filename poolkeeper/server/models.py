@@ -215,3 +215,5 @@ class Status(BaseModel):
     pool_size: int
     free_ordinals: list[int]
     quarantined: int
+    ordinals_without_worker: list[int]  # no worker call for longer than a lease
+    waiting_assigned: list[int]  # ids of rows ``assigned`` for longer than a lease

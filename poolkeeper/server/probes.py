@@ -1,6 +1,7 @@
 """The routes a deployment probes and reads: ``/healthz``, ``/readyz``, ``/metrics``, ``/v1/status``, docs."""
 
 # No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations.
+import time
 from importlib import resources
 from typing import Any
 
@@ -52,14 +53,17 @@ def metrics(request: Request) -> Response:
 
 @router.get("/v1/status", response_model=Status, responses=refusals(403, 503), tags=["operator"])
 def status(_: Operator, pool: Pool) -> Status:
-    """Rows by state, free ordinals, quarantined rows (operator token)."""
+    """Rows by state, free ordinals, quarantined rows, worker presence (operator token)."""
     with pool.session(readonly=True) as s:
         found = numbers.read(s, pool.pool_size)
+    now = time.time()
     return Status(
         rows=found.rows,
         pool_size=found.pool_size,
         free_ordinals=found.free_ordinals,
         quarantined=found.quarantined,
+        ordinals_without_worker=found.without_worker(now, pool.lease_seconds),
+        waiting_assigned=[w.id for w in found.waiting_assigned(now, pool.lease_seconds)],
     )
 
 

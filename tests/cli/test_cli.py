@@ -45,6 +45,10 @@ def test_init_is_idempotent_and_status_has_a_stable_json_shape(tmp_path: Path) -
         "ordinals",
         "live_children",
         "audit_events",
+        "presence",
+        "ordinals_without_worker",
+        "waiting_assigned",
+        "lease_seconds",
         "board",
         "queue_depth",
         "beat_alive",
@@ -54,6 +58,7 @@ def test_init_is_idempotent_and_status_has_a_stable_json_shape(tmp_path: Path) -
     assert status["free_ordinals"] == [0, 1] and status["rows"]["assigned"] == 0
     assert status["held_by_quarantined"] == []
     assert status["ordinals"] == {"free": 2, "held": 0, "quarantined": 0}
+    assert status["ordinals_without_worker"] == [0, 1] and status["waiting_assigned"] == []
     assert set(status["scans"]) == {"expire", "lease_failures", "results", "reconcile", "materialize", "gc"}
 
 
@@ -275,9 +280,9 @@ def test_two_demos_on_one_redis_keep_to_their_own_namespace(tmp_path: Path) -> N
         assert d.returncode == 0 and "\nlost: 0\n" in out, out[-3000:]
         logs = "".join(_read(p) for p in sorted((tmp_path / ns).glob("worker*.log")))
         assert "ERROR" not in logs, f"{ns}: {logs[-3000:]}"
-        assert re.search(r"results: .*finalized=", logs), f"{ns}'s worker processed its own results"
+        assert re.search(r"results [\d, ]+(and \d+ more)?: finalized", logs), f"{ns}'s worker did its results"
         beat = "".join(_read(p) for p in sorted((tmp_path / ns).glob("beat*.log")))
-        assert set(re.findall(r"Sending due task \S+ \((\S+)\)", beat)) == {f"{ns}.scan"}
+        assert "Sending due task" not in beat  # beat's per-tick lines are quiet (issue 18, finding 3)
     assert seen, "the demos used the Redis they were given"
     # kombu's binding tables are named by exchange (so by namespace); one index of when
     # expiring ones are due is kombu's own, shared by design, keyed by those names.
