@@ -14,8 +14,11 @@ ordinal, on evidence from the board:
   capability failure of the run itself, so park exactly that run;
 - the run already has a row that is not terminal: nothing (a duplicate); a
   terminal one means the board reused a run id: refused (``DuplicateIdentity``);
-- else add the row. A pool-side failure (ordinal taken, store busy) changes
-  nothing on the board: the claim is left to reconcile, which hands it over again.
+- else add the row on the reserved ordinal; if a row holds it (the reservation
+  was lost), on another free one. Nothing changes on the board for a pool-side
+  failure: a transient one (store or board busy) is retried with the ordinal
+  still reserved; with no ordinal free the claim is deferred to reconcile,
+  which hands it over again.
 Returns: ``added``, ``duplicate``, ``parked``, ``vanished`` or ``moved_on``.
 """
 
@@ -27,7 +30,8 @@ from typing import Any
 
 from board import BoardTask, TaskStatus
 from core import validate
-from core.errors import CapabilityError, InvalidInput, TransientError
+from core.db import is_transient
+from core.errors import CapabilityError, InvalidInput, OrdinalTaken, TransientError
 from store import audit, queries, transitions
 from store.models import TERMINAL_STATES
 from tasks.declaration import Lock, Outcome, Pass, Submit
@@ -118,14 +122,26 @@ def dispatch(plane: Plane, now: float, submit: Submit) -> int:
 
 
 def run(plane: Plane, claim: Claim, now: float) -> Outcome:
+    """One claim; its reservation is released on every way out but a transient failure.
+
+    A transient failure is retried with the same claim, so its ordinal stays promised to
+    it (the process holding the claim's message renews the reservation; whoever receives
+    the retry takes it over): dispatch cannot hand that ordinal to another claim meanwhile.
+    When the retries run out, ``failures.give_up`` releases it.
+    """
+    retried = False
     try:
         return _materialize(plane, claim, now)
+    except Exception as err:
+        retried = is_transient(err)
+        raise
     finally:
-        plane.coord.release([ordinal(claim)])
+        if not retried:
+            plane.coord.release([ordinal(claim)])
 
 
 def ordinal(claim: Claim) -> int:
-    """The ordinal reserved for the claim: released whether or not the claim runs."""
+    """The ordinal reserved for the claim: held while it runs or retries, then released."""
     return int(claim["ordinal"])
 
 
@@ -142,6 +158,24 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
         payload = build_payload(task, run_id)
     except CapabilityError as err:
         return park(plane, task, run_id, str(err))
+    try:
+        return add(plane, claim, ordinal(claim), payload, now)
+    except OrdinalTaken:
+        # The reservation was lost (Redis restarted, a dead holder's lapsed, a duplicate gave
+        # it back) and another claim's row holds the ordinal: any other free one will do.
+        # The store's unique index, not the reservation, keeps one live row per ordinal.
+        others = reserve_free(plane, 1)
+        if not others:
+            raise  # no ordinal is free: deferred, reconcile hands the claim over again
+        try:
+            return add(plane, claim, others[0], payload, now)
+        finally:
+            plane.coord.release(others)
+
+
+def add(plane: Plane, claim: Claim, on: int, payload: dict[str, Any], now: float) -> Outcome:
+    """The claim's row on ordinal ``on``, in one short transaction (``OrdinalTaken`` if it is held)."""
+    board, task_id, run_id = claim["board"], claim["task_id"], int(claim["run_id"])
     with plane.store.session() as s:
         state = queries.run_state(s, board, task_id, run_id)
         if state is not None and state not in TERMINAL_STATES:
@@ -152,7 +186,7 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
             board=board,
             task_id=task_id,
             run_id=run_id,
-            ordinal=ordinal(claim),
+            ordinal=on,
             payload=payload,
             pool_size=plane.settings.pool_size,
             now=now,
