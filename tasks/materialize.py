@@ -9,7 +9,8 @@ one way onto an ordinal.
 
 Materialize turns one claim into exactly one ``assigned`` row on its reserved
 ordinal, on evidence from the board:
-- the task vanished, or its run is no longer the claimed one: nothing;
+- the task (from ``get_task``, or the board's listing when it cannot be read
+  alone) vanished, or its run is no longer the claimed one: nothing;
 - the task left the pool's lane, or has no payload we may build: a
   capability failure of the run itself, so park exactly that run;
 - the run already has a row that is not terminal: nothing (a duplicate); a
@@ -147,7 +148,7 @@ def ordinal(claim: Claim) -> int:
 
 def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
     board, task_id, run_id = claim["board"], claim["task_id"], int(claim["run_id"])
-    task = seen(claim) or plane.board.get_task(board, task_id)
+    task = seen(claim) or read(plane, board, task_id)
     if task is None:
         return Outcome.VANISHED
     if task.current_run_id != run_id or task.status is not TaskStatus.RUNNING:
@@ -193,6 +194,24 @@ def add(plane: Plane, claim: Claim, on: int, payload: dict[str, Any], now: float
             actor=audit.by_pass(PASS.name),
         )
     return Outcome.ADDED
+
+
+def read(plane: Plane, board: str, task_id: str) -> BoardTask | None:
+    """The claimed task, from ``get_task``; one the board cannot read alone, from its listing.
+
+    A task that ``get_task`` fails on (corrupt data, not a busy board) but that the board
+    lists as running is the evidence reconcile's ``seen`` would give a few intervals later:
+    its row is added now, and the row passes quarantine it where an operator sees it.
+    """
+    try:
+        return plane.board.get_task(board, task_id)
+    except Exception as err:
+        if is_transient(err):
+            raise
+        listed = next((t for t in plane.board.running_tasks(board) if t.id == task_id), None)
+        if listed is None:
+            raise
+        return listed
 
 
 def seen(claim: Claim) -> BoardTask | None:

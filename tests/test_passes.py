@@ -442,6 +442,18 @@ def test_an_orphan_the_board_cannot_read_alone_still_gets_a_row(plane: Plane, ka
         assert [(r.task_id, r.state) for r in queries.rows(s)] == [("bad", "assigned")]
 
 
+def test_a_claim_the_board_cannot_read_alone_gets_its_row_at_once(plane: Plane, kanban: Board) -> None:
+    """Not a reconcile interval later: the board's listing is the evidence reconcile would use."""
+    kanban.add_task("b", "x", task_id="bad")
+    [claim] = dispatched(plane)
+    plane.board = FlakyBoard(kanban, poison=frozenset({"bad"}))
+    assert runner.run_key(plane, "materialize", claim, NOW) == "added"
+    with plane.store.session() as s:
+        assert [(r.task_id, r.ordinal, r.state) for r in queries.rows(s)] == [
+            ("bad", claim["ordinal"], "assigned")
+        ]
+
+
 def test_reconcile_adopts_orphans_of_archived_boards(plane: Plane, kanban: Board) -> None:
     kanban.add_task("old", "x", task_id="x")
     kanban.claim_ready(5, assignee="poolkeeper", lane="pool")
