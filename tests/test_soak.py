@@ -1,7 +1,7 @@
 """The fault soak (bench/soak.py) at a small size: every kind of process killed at least once.
 
 Real processes and real signals: a private redis-server, 2 Celery workers, 2 beats,
-``poolctl serve`` and 4 ``poolctl worker``s; seven faults, one of each kind, in ~40 s, then
+``poolctl serve`` and 4 ``poolctl worker``s; eight faults, one of each kind, in ~40 s, then
 the soak waits for every task to be done or blocked. It must exit 0 (nothing lost, no run
 executed twice at once, no fence executed twice, every bound kept) and its table must name
 each fault kind. ``make soak`` runs the full size.
