@@ -13,8 +13,8 @@ failing (exit 3: parked), on a busy board.
 For ``--duration`` seconds a fault injector kills one process at a time, round-robin over
 the chosen kinds in a shuffled order; a supervisor loop restarts every dead process after
 ``--restart-delay`` (Redis: stopped, then started on the same port; a ``worker-away`` pool
-worker, killed with its command, only once the expire pass has re-offered its run). Then it waits, faults
-off, until every task is done or blocked, or the hard ``--deadline`` passes. A sampler
+worker, killed with its command, only once the expire pass has re-offered its run). Then
+it waits, faults off, until every task is done or blocked, or the hard ``--deadline`` passes. A sampler
 compares the board's running runs with the store's rows and watches dispatch; quarantined
 rows are abandoned, as an operator would (that is how a poisoned task ends).
 
@@ -318,7 +318,7 @@ class Soak:
         Re-offered: the store's audit trail holds the expiry that moved the killed attempt
         off ``running`` (``assigned`` at attempt+1, or ``lease_failed`` after the last one).
         A run that left ``running`` otherwise (its result got in first) ends the wait too,
-        unmeasured, and so does a wait past 3 leases (then its bound shows broken).
+        unmeasured; a wait past 3 leases ends it as never re-offered (``inf``: broken).
         """
         f = next((f for f in self.faults if f.target == m.name and f.restarted is None), None)
         if f is None or f.kind != "worker-away":
@@ -342,7 +342,9 @@ class Soak:
             None,
         )
         still_running = row is not None and row.state == RowState.RUNNING and row.attempt == f.attempt
-        return f.reoffered is None and still_running and time.time() < f.t + 3 * self.args.lease
+        if f.reoffered is None and still_running and time.time() > f.t + 3 * self.args.lease:
+            f.reoffered = math.inf
+        return f.reoffered is None and still_running
 
     def inject(self, kind: str) -> bool:
         """Kill one process of ``kind`` (SIGKILL), recording when and what ran under it.
@@ -637,7 +639,7 @@ class Soak:
             i = bisect.bisect_right(claim_times, f.t)
             return None if i == len(claim_times) else max(0.0, claim_times[i] - t)
         if f.kind == "worker-away":
-            return None if f.reoffered is None else max(0.0, f.reoffered - f.t)
+            return None if f.reoffered is None else max(0.0, f.reoffered - f.t)  # inf: never
         if f.kind == "serve":
             i = bisect.bisect_right(start_times, f.restarted or f.t)
             return None if i == len(start_times) or f.restarted is None else start_times[i] - f.restarted
