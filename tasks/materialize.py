@@ -15,11 +15,12 @@ ordinal, on evidence from the board:
   capability failure of the run itself, so park exactly that run;
 - the run already has a row that is not terminal: nothing (a duplicate); a
   terminal one means the board reused a run id: refused (``DuplicateIdentity``);
-- else add the row on the reserved ordinal; if a row holds it (the reservation
-  was lost), on another free one. Nothing changes on the board for a pool-side
-  failure: a transient one (store or board busy) is retried with the ordinal
-  still reserved; with no ordinal free the claim is deferred to reconcile,
-  which hands it over again.
+- else add the row on the reserved ordinal; if a row holds it (an orphan waits
+  there, or the reservation was lost), on another free one, else it retries.
+  Nothing changes on the board for a pool-side failure: a transient one (store
+  or board busy, no ordinal free) is retried with the ordinal still reserved;
+  when the retries run out the claim is left to reconcile, which hands it
+  over again.
 Returns: ``added``, ``duplicate``, ``parked``, ``vanished`` or ``moved_on``.
 """
 
@@ -67,8 +68,27 @@ def reserve_free(plane: Plane, at_most: int) -> list[int]:
     if at_most <= 0:
         return []
     with plane.store.session(readonly=True) as s:
-        rest = queries.free_ordinals(s, plane.settings.pool_size)
+        free = queries.free_ordinals(s, plane.settings.pool_size)
+    return _reserve(plane, free, at_most)
+
+
+def reserve_busy(plane: Plane, at_most: int) -> list[int]:
+    """Reserve up to ``at_most`` ordinals that a live, healthy row holds and no claim has reserved.
+
+    For orphans (reconcile) when none is free: each waits first in line on its ordinal,
+    which dispatch cannot reserve when the row ends, so new claims never starve it.
+    """
+    if at_most <= 0:
+        return []
+    n = plane.settings.pool_size
+    with plane.store.session(readonly=True) as s:
+        skip = {*queries.free_ordinals(s, n), *queries.quarantined_ordinals(s)}
+    return _reserve(plane, [o for o in range(n) if o not in skip], at_most)
+
+
+def _reserve(plane: Plane, candidates: list[int], at_most: int) -> list[int]:
     reserved: list[int] = []
+    rest = candidates
     while rest and len(reserved) < at_most:  # one round trip for as many as are still wanted
         want = at_most - len(reserved)
         reserved += plane.coord.reserve(rest[:want])
@@ -161,13 +181,15 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
         return park(plane, task, run_id, str(err))
     try:
         return add(plane, claim, ordinal(claim), payload, now)
-    except OrdinalTaken:
-        # The reservation was lost (Redis restarted, a dead holder's lapsed, a duplicate gave
-        # it back) and another claim's row holds the ordinal: any other free one will do.
+    except OrdinalTaken as taken:
+        # A row holds the ordinal: an orphan reserved there to wait (reserve_busy), or the
+        # reservation was lost (Redis restarted, a dead holder's lapsed, a duplicate gave it
+        # back). Any free ordinal will do; with none free the claim waits for its own, first
+        # in line (a transient failure keeps its reservation), until its retries run out.
         # The store's unique index, not the reservation, keeps one live row per ordinal.
         others = reserve_free(plane, 1)
         if not others:
-            raise  # no ordinal is free: deferred, reconcile hands the claim over again
+            raise TransientError(f"{taken}, and none is free: the claim waits for it") from None
         try:
             return add(plane, claim, others[0], payload, now)
         finally:

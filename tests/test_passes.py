@@ -159,16 +159,43 @@ def test_materialize_on_a_taken_ordinal_takes_another_free_one(plane: Plane, kan
     assert plane.coord.reserve(range(3)) == [0, 1, 2], "the other ordinal's reservation was released"
 
 
-def test_materialize_on_a_taken_ordinal_with_none_free_is_deferred_without_touching_the_board(
+def test_materialize_on_a_taken_ordinal_with_none_free_waits_for_it_without_touching_the_board(
     plane: Plane, kanban: Board
 ) -> None:
     rows = claimed(plane, kanban, n=3)  # every ordinal holds a live row
     kanban.add_task("b", "late", task_id="late")
     [claim] = kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
     taken = row_state(plane.store, rows[0])["ordinal"]
+    assert plane.coord.reserve([taken]) == [taken]
     job = {"board": "b", "task_id": "late", "run_id": claim.run_id, "ordinal": taken}
-    assert runner.run_key(plane, "materialize", job, NOW) == "deferred"
+    with pytest.raises(TransientError, match="none is free"):  # retried, its reservation kept
+        runner.run_key(plane, "materialize", job, NOW)
+    assert plane.coord.reserve([taken]) == [], "still reserved for the claim"
     assert kanban.get_task("b", "late").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_an_orphan_waits_first_in_line_on_a_busy_ordinal_and_new_claims_never_starve_it(
+    plane: Plane, kanban: Board
+) -> None:
+    # Given every ordinal busy and a claimed run with no row (its message was lost)
+    claimed(plane, kanban, n=3)
+    kanban.add_task("b", "orphan", task_id="orphan")
+    kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
+    kanban.add_task("b", "new", task_id="new")
+    # When reconcile hands it over: on a busy ordinal, where it waits
+    [orphan] = scanned(plane, "reconcile")["materialize"]
+    with pytest.raises(TransientError):
+        runner.run_key(plane, "materialize", orphan, NOW)
+    # and that ordinal's row ends: dispatch cannot take it for the new task
+    with plane.store.session() as s:
+        [busy] = [r for r in queries.rows(s) if r.ordinal == orphan["ordinal"]]
+    kanban.reassign_task("b", busy.task_id, assignee="alice", lane="humans")
+    assert runner.run_key(plane, "reconcile", busy.id, NOW) == "stale"
+    assert dispatched(plane) == []
+    # Then the orphan's retry gets its row there
+    assert runner.run_key(plane, "materialize", orphan, NOW) == "added"
+    with plane.store.session() as s:
+        assert [r.ordinal for r in queries.rows(s) if r.task_id == "orphan"] == [orphan["ordinal"]]
 
 
 def test_a_claim_retried_after_a_busy_board_keeps_its_ordinal_and_gets_its_row(
