@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import suppress
 from enum import StrEnum
 
 from sqlalchemy.exc import DBAPIError
 
 from core.db import is_transient
-from core.errors import CapabilityError, LostRace, ProtocolError
+from core.errors import CapabilityError, LostRace, ProtocolError, TransientError
 from core.retry import RetryPolicy
 from store import audit, bookkeeping
 from tasks import metrics
@@ -111,7 +112,13 @@ def _rows(row_ids: list[int], shown: int = 20) -> str:
 
 
 def give_up(plane: Plane, p: Pass, key: Key, err: BaseException, now: float) -> Outcome:
-    """Transient retries ran out: back the row off durably, without nearing quarantine."""
+    """Transient retries ran out: back the row off durably, without nearing quarantine.
+
+    A key that held an ordinal reserved through its retries (a claim) gives it back.
+    """
+    if p.reserves is not None:
+        with suppress(TransientError):  # else it lapses with its holder's hold
+            plane.coord.release([p.reserves(key)])
     outcome = record(plane, p, [(key, err)], now, counts=False)[0]
     metrics.PASS_OUTCOMES.labels(p.name, outcome.value).inc()
     return outcome

@@ -9,13 +9,18 @@ one way onto an ordinal.
 
 Materialize turns one claim into exactly one ``assigned`` row on its reserved
 ordinal, on evidence from the board:
-- the task vanished, or its run is no longer the claimed one: nothing;
+- the task (from ``get_task``, or the board's listing when it cannot be read
+  alone) vanished, or its run is no longer the claimed one: nothing;
 - the task left the pool's lane, or has no payload we may build: a
   capability failure of the run itself, so park exactly that run;
 - the run already has a row that is not terminal: nothing (a duplicate); a
   terminal one means the board reused a run id: refused (``DuplicateIdentity``);
-- else add the row. A pool-side failure (ordinal taken, store busy) changes
-  nothing on the board: the claim is left to reconcile, which hands it over again.
+- else add the row on the reserved ordinal; if a row holds it (an orphan waits
+  there, or the reservation was lost), on another free one, else it retries.
+  Nothing changes on the board for a pool-side failure: a transient one (store
+  or board busy, no ordinal free) is retried with the ordinal still reserved;
+  when the retries run out the claim is left to reconcile, which hands it
+  over again.
 Returns: ``added``, ``duplicate``, ``parked``, ``vanished`` or ``moved_on``.
 """
 
@@ -27,7 +32,8 @@ from typing import Any
 
 from board import BoardTask, TaskStatus
 from core import validate
-from core.errors import CapabilityError, InvalidInput, TransientError
+from core.db import is_transient
+from core.errors import CapabilityError, InvalidInput, OrdinalTaken, TransientError
 from store import audit, queries, transitions
 from store.models import TERMINAL_STATES
 from tasks.declaration import Lock, Outcome, Pass, Submit
@@ -62,8 +68,27 @@ def reserve_free(plane: Plane, at_most: int) -> list[int]:
     if at_most <= 0:
         return []
     with plane.store.session(readonly=True) as s:
-        rest = queries.free_ordinals(s, plane.settings.pool_size)
+        free = queries.free_ordinals(s, plane.settings.pool_size)
+    return _reserve(plane, free, at_most)
+
+
+def reserve_busy(plane: Plane, at_most: int) -> list[int]:
+    """Reserve up to ``at_most`` ordinals that a live, healthy row holds and no claim has reserved.
+
+    For orphans (reconcile) when none is free: each waits first in line on its ordinal,
+    which dispatch cannot reserve when the row ends, so new claims never starve it.
+    """
+    if at_most <= 0:
+        return []
+    n = plane.settings.pool_size
+    with plane.store.session(readonly=True) as s:
+        skip = {*queries.free_ordinals(s, n), *queries.quarantined_ordinals(s)}
+    return _reserve(plane, [o for o in range(n) if o not in skip], at_most)
+
+
+def _reserve(plane: Plane, candidates: list[int], at_most: int) -> list[int]:
     reserved: list[int] = []
+    rest = candidates
     while rest and len(reserved) < at_most:  # one round trip for as many as are still wanted
         want = at_most - len(reserved)
         reserved += plane.coord.reserve(rest[:want])
@@ -118,20 +143,32 @@ def dispatch(plane: Plane, now: float, submit: Submit) -> int:
 
 
 def run(plane: Plane, claim: Claim, now: float) -> Outcome:
+    """One claim; its reservation is released on every way out but a transient failure.
+
+    A transient failure is retried with the same claim, so its ordinal stays promised to
+    it (the process holding the claim's message renews the reservation; whoever receives
+    the retry takes it over): dispatch cannot hand that ordinal to another claim meanwhile.
+    When the retries run out, ``failures.give_up`` releases it.
+    """
+    retried = False
     try:
         return _materialize(plane, claim, now)
+    except Exception as err:
+        retried = is_transient(err)
+        raise
     finally:
-        plane.coord.release([ordinal(claim)])
+        if not retried:
+            plane.coord.release([ordinal(claim)])
 
 
 def ordinal(claim: Claim) -> int:
-    """The ordinal reserved for the claim: released whether or not the claim runs."""
+    """The ordinal reserved for the claim: held while it runs or retries, then released."""
     return int(claim["ordinal"])
 
 
 def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
     board, task_id, run_id = claim["board"], claim["task_id"], int(claim["run_id"])
-    task = seen(claim) or plane.board.get_task(board, task_id)
+    task = seen(claim) or read(plane, board, task_id)
     if task is None:
         return Outcome.VANISHED
     if task.current_run_id != run_id or task.status is not TaskStatus.RUNNING:
@@ -142,6 +179,26 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
         payload = build_payload(task, run_id)
     except CapabilityError as err:
         return park(plane, task, run_id, str(err))
+    try:
+        return add(plane, claim, ordinal(claim), payload, now)
+    except OrdinalTaken as taken:
+        # A row holds the ordinal: an orphan reserved there to wait (reserve_busy), or the
+        # reservation was lost (Redis restarted, a dead holder's lapsed, a duplicate gave it
+        # back). Any free ordinal will do; with none free the claim waits for its own, first
+        # in line (a transient failure keeps its reservation), until its retries run out.
+        # The store's unique index, not the reservation, keeps one live row per ordinal.
+        others = reserve_free(plane, 1)
+        if not others:
+            raise TransientError(f"{taken}, and none is free: the claim waits for it") from None
+        try:
+            return add(plane, claim, others[0], payload, now)
+        finally:
+            plane.coord.release(others)
+
+
+def add(plane: Plane, claim: Claim, on: int, payload: dict[str, Any], now: float) -> Outcome:
+    """The claim's row on ordinal ``on``, in one short transaction (``OrdinalTaken`` if it is held)."""
+    board, task_id, run_id = claim["board"], claim["task_id"], int(claim["run_id"])
     with plane.store.session() as s:
         state = queries.run_state(s, board, task_id, run_id)
         if state is not None and state not in TERMINAL_STATES:
@@ -152,13 +209,31 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
             board=board,
             task_id=task_id,
             run_id=run_id,
-            ordinal=ordinal(claim),
+            ordinal=on,
             payload=payload,
             pool_size=plane.settings.pool_size,
             now=now,
             actor=audit.by_pass(PASS.name),
         )
     return Outcome.ADDED
+
+
+def read(plane: Plane, board: str, task_id: str) -> BoardTask | None:
+    """The claimed task, from ``get_task``; one the board cannot read alone, from its listing.
+
+    A task that ``get_task`` fails on (corrupt data, not a busy board) but that the board
+    lists as running is the evidence reconcile's ``seen`` would give a few intervals later:
+    its row is added now, and the row passes quarantine it where an operator sees it.
+    """
+    try:
+        return plane.board.get_task(board, task_id)
+    except Exception as err:
+        if is_transient(err):
+            raise
+        listed = next((t for t in plane.board.running_tasks(board) if t.id == task_id), None)
+        if listed is None:
+            raise
+        return listed
 
 
 def seen(claim: Claim) -> BoardTask | None:

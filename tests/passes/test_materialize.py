@@ -7,14 +7,14 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine, text
 
-from board import Board, TaskStatus
-from core.errors import CorruptRow
+from board import Board, FlakyBoard, TaskStatus
+from core.errors import CorruptRow, TransientError
 from store import queries
 from store.models import RowState
-from tasks import registry, runner
+from tasks import failures, registry, runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
-from tests.factories import NOW, OWNER, RowFactory, claimed, dispatched, row_state
+from tests.factories import NOW, OWNER, RowFactory, claimed, dispatched, row_state, scanned
 
 
 @pytest.mark.parametrize(
@@ -79,16 +79,94 @@ def test_materialize_never_calls_a_claim_whose_identity_already_ended_a_duplicat
         assert [r.id for r in queries.rows(s)] == [ended]
 
 
-def test_materialize_on_a_taken_ordinal_is_deferred_without_touching_the_board(
-    plane: Plane, kanban: Board
-) -> None:
+def test_materialize_on_a_taken_ordinal_takes_another_free_one(plane: Plane, kanban: Board) -> None:
+    # Given a claim whose reservation was lost (Redis restarted) and whose ordinal a row now holds
     [row] = claimed(plane, kanban)
     kanban.add_task("b", "late", task_id="late")
     [claim] = kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
     taken = row_state(plane.store, row)["ordinal"]
     job = {"board": "b", "task_id": "late", "run_id": claim.run_id, "ordinal": taken}
-    assert runner.run_key(plane, "materialize", job, NOW) == "deferred"
+    # When it runs: its row is added on another free ordinal at once, not left to reconcile
+    assert runner.run_key(plane, "materialize", job, NOW) == "added"
+    with plane.store.session() as s:
+        ordinals = sorted(r.ordinal for r in queries.rows(s))
+    assert len(set(ordinals)) == 2 and taken in ordinals
+    assert plane.coord.reserve(range(3)) == [0, 1, 2], "the other ordinal's reservation was released"
+
+
+def test_materialize_on_a_taken_ordinal_with_none_free_waits_for_it_without_touching_the_board(
+    plane: Plane, kanban: Board
+) -> None:
+    rows = claimed(plane, kanban, n=3)  # every ordinal holds a live row
+    kanban.add_task("b", "late", task_id="late")
+    [claim] = kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
+    taken = row_state(plane.store, rows[0])["ordinal"]
+    assert plane.coord.reserve([taken]) == [taken]
+    job = {"board": "b", "task_id": "late", "run_id": claim.run_id, "ordinal": taken}
+    with pytest.raises(TransientError, match="none is free"):  # retried, its reservation kept
+        runner.run_key(plane, "materialize", job, NOW)
+    assert plane.coord.reserve([taken]) == [], "still reserved for the claim"
     assert kanban.get_task("b", "late").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_an_orphan_waits_first_in_line_on_a_busy_ordinal_and_new_claims_never_starve_it(
+    plane: Plane, kanban: Board
+) -> None:
+    # Given every ordinal busy and a claimed run with no row (its message was lost)
+    claimed(plane, kanban, n=3)
+    kanban.add_task("b", "orphan", task_id="orphan")
+    kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
+    kanban.add_task("b", "new", task_id="new")
+    # When reconcile hands it over: on a busy ordinal, where it waits
+    [orphan] = scanned(plane, "reconcile")["materialize"]
+    with pytest.raises(TransientError):
+        runner.run_key(plane, "materialize", orphan, NOW)
+    # and that ordinal's row ends: dispatch cannot take it for the new task
+    with plane.store.session() as s:
+        [busy] = [r for r in queries.rows(s) if r.ordinal == orphan["ordinal"]]
+    kanban.reassign_task("b", busy.task_id, assignee="alice", lane="humans")
+    assert runner.run_key(plane, "reconcile", busy.id, NOW) == "stale"
+    assert dispatched(plane) == []
+    # Then the orphan's retry gets its row there
+    assert runner.run_key(plane, "materialize", orphan, NOW) == "added"
+    with plane.store.session() as s:
+        assert [r.ordinal for r in queries.rows(s) if r.task_id == "orphan"] == [orphan["ordinal"]]
+
+
+def test_a_claim_retried_after_a_busy_board_keeps_its_ordinal_and_gets_its_row(
+    plane: Plane, kanban: Board
+) -> None:
+    # Given a claim whose materialize met a busy board (a transient failure: it is retried)
+    kanban.add_task("b", "first", task_id="first")
+    [claim] = dispatched(plane)
+    healthy, plane.board = plane.board, FlakyBoard(kanban, busy_rate=0.999999)
+    with pytest.raises(TransientError):
+        runner.run_key(plane, "materialize", claim, NOW)
+    plane.board = healthy
+    # When dispatch claims for the free ordinals meanwhile, and those claims get their rows
+    for i in range(3):
+        kanban.add_task("b", f"t{i}", task_id=f"t{i}")
+    others = dispatched(plane)
+    assert claim["ordinal"] not in {c["ordinal"] for c in others}, "its ordinal is still promised to it"
+    assert len(others) == 2
+    for c in others:
+        assert runner.run_key(plane, "materialize", c, NOW) == "added"
+    # Then its retry gets its row on its own ordinal, not deferred to the next reconcile
+    assert runner.run_key(plane, "materialize", claim, NOW) == "added"
+    with plane.store.session() as s:
+        assert sorted(r.ordinal for r in queries.rows(s)) == [0, 1, 2]
+
+
+def test_a_claim_whose_retries_ran_out_gives_its_ordinal_back(plane: Plane, kanban: Board) -> None:
+    kanban.add_task("b", "t", task_id="t")
+    [claim] = dispatched(plane)
+    plane.board = FlakyBoard(kanban, busy_rate=0.999999)
+    p = registry.get("materialize")
+    try:
+        runner.run_key(plane, "materialize", claim, NOW)
+    except TransientError as err:
+        failures.give_up(plane, p, claim, err, NOW)
+    assert plane.coord.reserve([claim["ordinal"]]) == [claim["ordinal"]], "reconcile may hand it over"
 
 
 def test_a_claim_whose_lock_is_busy_gives_its_reservation_back_and_changes_nothing(

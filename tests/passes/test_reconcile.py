@@ -15,7 +15,16 @@ from store.models import RowState
 from tasks import runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
-from tests.factories import NOW, claimed, deliver, lease_failed_row, row_state, running_row, scanned
+from tests.factories import (
+    NOW,
+    claimed,
+    deliver,
+    dispatched,
+    lease_failed_row,
+    row_state,
+    running_row,
+    scanned,
+)
 
 
 def test_reconcile_hands_moved_runs_to_itself_and_orphans_to_materialize(plane: Plane, kanban: Board) -> None:
@@ -59,6 +68,18 @@ def test_an_orphan_the_board_cannot_read_alone_still_gets_a_row(plane: Plane, ka
     assert runner.run_key(plane, "materialize", claim, NOW) == "added"
     with plane.store.session() as s:
         assert [(r.task_id, r.state) for r in queries.rows(s)] == [("bad", "assigned")]
+
+
+def test_a_claim_the_board_cannot_read_alone_gets_its_row_at_once(plane: Plane, kanban: Board) -> None:
+    """Not a reconcile interval later: the board's listing is the evidence reconcile would use."""
+    kanban.add_task("b", "x", task_id="bad")
+    [claim] = dispatched(plane)
+    plane.board = FlakyBoard(kanban, poison=frozenset({"bad"}))
+    assert runner.run_key(plane, "materialize", claim, NOW) == "added"
+    with plane.store.session() as s:
+        assert [(r.task_id, r.ordinal, r.state) for r in queries.rows(s)] == [
+            ("bad", claim["ordinal"], "assigned")
+        ]
 
 
 def test_reconcile_adopts_orphans_of_archived_boards(plane: Plane, kanban: Board) -> None:
