@@ -123,6 +123,17 @@ class Managed:
     restart_at: float | None = None
     planned: bool = False  # the soak killed it (not a crash)
     crashes: int = 0
+    ready: int = 0  # a Celery worker: the last generation whose log said it is ready
+
+    def consuming(self, workdir: Path) -> bool:
+        """A Celery worker whose live generation is up (its log says ``ready``)."""
+        if not self.alive():
+            return False
+        if self.ready != self.generation:
+            log = workdir / f"{self.name}-{self.generation}.log"
+            if log.exists() and " ready." in log.read_text(errors="replace"):
+                self.ready = self.generation
+        return self.ready == self.generation
 
     def start(self) -> None:
         self.generation += 1
@@ -157,6 +168,8 @@ class Watch:
     no_row_since: dict[tuple[str, int], float] = field(default_factory=dict)
     no_row: dict[str, float] = field(default_factory=dict)  # run -> longest time it was claimed, no row
     stall_since: float | None = None
+    plane_back: list[float] = field(default_factory=list)  # when Redis and a Celery worker were up again
+    plane_down: bool = False
     longest_stall: float = 0.0
     stall_at: float = 0.0
     claims: int = 0
@@ -421,6 +434,9 @@ class Soak:
             store.engine.dispose()
             kanban.close()
 
+    def redis_up(self) -> bool:
+        return all(m.alive() for m in self.managed if m.kind == "redis")
+
     def sample(self, store: PoolStore, kanban: Board) -> None:
         w, now = self.watch, time.time()
         counts = kanban.counts_by_status()
@@ -444,7 +460,18 @@ class Soak:
             w.no_row[f"{task} run {run}"] = max(w.no_row.get(f"{task} run {run}", 0.0), now - since)
         ready, free = counts["ready"], self.args.ordinals - live - len(w.no_row_since)
         w.samples.append((now, ready, free))
-        if claims > w.claims:
+        # Celery workers exit when Redis restarts under them (kombu's restore_unacked; their
+        # supervisor restarts them): until Redis and one worker are up, nothing can dispatch,
+        # and a stall is the supervisor's restart, not the plane's.
+        down = not self.redis_up() or not any(
+            m.consuming(self.workdir) for m in self.managed if m.kind == "celery-worker"
+        )
+        if w.plane_down and not down:
+            w.plane_back.append(now)
+        w.plane_down = down
+        if down:
+            w.stall_since = None
+        elif claims > w.claims:
             w.claims, w.stall_since = claims, None
         elif ready > 0 and free > 0:
             w.stall_since = w.stall_since or now
@@ -584,7 +611,7 @@ class Soak:
             "celery-worker": (2 * a.tick, "dispatch resumes <= 2 ticks"),
             "celery-child": (2 * a.tick, "dispatch resumes <= 2 ticks"),
             "beat": (2 * a.tick, "dispatch resumes <= 2 ticks"),
-            "redis": (2 * a.tick, "dispatch resumes <= 2 ticks after Redis is back"),
+            "redis": (2 * a.tick, "dispatch resumes <= 2 ticks after Redis and a Celery worker are back"),
             "serve": (None, "next execution after serve is back (no bound)"),
         }
         broken: list[str] = []
@@ -646,6 +673,8 @@ class Soak:
         """Seconds from the fault (or the restart it needs) to the sign that the plane works again."""
         if f.kind in DISPATCH_KINDS:
             t = f.restarted if f.kind == "redis" and f.restarted else f.t
+            if f.kind == "redis":  # from when a Celery worker serves again (they exit with Redis)
+                t = next((b for b in self.watch.plane_back if b >= t), t)
             # Dispatch could only resume once ready tasks met free ordinals again.
             t = next((s[0] for s in self.watch.samples if s[0] >= t and s[1] > 0 and s[2] > 0), t)
             i = bisect.bisect_right(claim_times, f.t)
