@@ -240,11 +240,6 @@ class Settings:
         return cls(**values)
 
     @property
-    def lock_ttl_seconds(self) -> float:
-        """A row lock outlives the hard time limit, so a live holder never loses it."""
-        return self.task_time_limit + 30.0
-
-    @property
     def poison_tasks(self) -> frozenset[str]:
         return frozenset(t.strip() for t in self.chaos_poison_tasks.split(",") if t.strip())
 
