@@ -26,7 +26,6 @@ Returns: ``added``, ``duplicate``, ``parked``, ``vanished`` or ``moved_on``.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,10 +35,10 @@ from core.db import is_transient
 from core.errors import CapabilityError, InvalidInput, OrdinalTaken, TransientError
 from store import audit, queries, transitions
 from store.models import TERMINAL_STATES
+from tasks import failures
 from tasks.declaration import Lock, Outcome, Pass, Submit
 from tasks.plane import Plane
 
-log = logging.getLogger("poolkeeper.maintenance")
 # {"board", "task_id", "run_id", "ordinal"} and, from reconcile, "seen": the task as the
 # board listed it this tick. JSON in a message.
 Claim = dict[str, Any]
@@ -124,18 +123,20 @@ def dispatch(plane: Plane, now: float, submit: Submit) -> int:
         try:
             reserved = reserve_free(plane, plane.settings.pool_size)
         except TransientError as err:
-            log.warning("dispatch: store or redis busy, next tick: %s", err)
+            failures.reporter.once("dispatch", "all", f"store or redis busy, next tick: {err}")
             return 0
         try:
             claims = plane.board.claim_ready(
                 len(reserved), assignee=plane.settings.assignee, lane=plane.settings.lane
             )
         except TransientError as err:
-            log.warning("dispatch: board busy, next tick: %s", err)
+            failures.reporter.once("dispatch", "all", f"board busy, next tick: {err}")
             claims = []
         except BaseException:  # a bug surfaces loudly, and frees what it reserved
             plane.coord.release(reserved)
             raise
+        else:
+            failures.reporter.succeeded("dispatch", "all")  # the next busy tick is news again
         runs = [{"board": c.board, "task_id": c.task_id, "run_id": c.run_id} for c in claims]
         return hand_over(plane, runs, reserved, submit)
     finally:

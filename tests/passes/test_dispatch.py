@@ -36,3 +36,23 @@ def test_dispatch_absorbs_a_busy_board(plane: Plane, kanban: Board) -> None:
     plane.board = FlakyBoard(kanban, busy_rate=0.999999)
     assert dispatched(plane) == []
     assert kanban.counts_by_status()["ready"] == 1
+
+
+def test_a_board_busy_tick_after_tick_is_logged_once_and_again_after_a_good_tick(
+    plane: Plane, kanban: Board, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a board that stays busy
+    kanban.add_task("b", "t", task_id="t")
+    healthy, plane.board = plane.board, FlakyBoard(kanban, busy_rate=0.999999)
+    # When dispatch meets it on three ticks, one line says so
+    for _ in range(3):
+        assert dispatched(plane) == []
+    busy = [r for r in caplog.records if "board busy" in r.getMessage()]
+    assert len(busy) == 1 and busy[0].getMessage().startswith("dispatch all: board busy")
+    # Then a good tick in between makes the next busy tick news again
+    plane.board = healthy
+    kanban.add_task("b", "u", task_id="u")
+    assert len(dispatched(plane)) == 2
+    plane.board = FlakyBoard(kanban, busy_rate=0.999999)
+    assert dispatched(plane) == []
+    assert len([r for r in caplog.records if "board busy" in r.getMessage()]) == 2
