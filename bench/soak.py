@@ -168,8 +168,8 @@ class Watch:
     no_row_since: dict[tuple[str, int], float] = field(default_factory=dict)
     no_row: dict[str, float] = field(default_factory=dict)  # run -> longest time it was claimed, no row
     stall_since: float | None = None
-    plane_back: list[float] = field(default_factory=list)  # when Redis and a Celery worker were up again
-    plane_down: bool = False
+    down_spans: list[tuple[float, float]] = field(default_factory=list)  # no Celery worker could serve
+    down_since: float | None = None
     longest_stall: float = 0.0
     stall_at: float = 0.0
     claims: int = 0
@@ -466,9 +466,11 @@ class Soak:
         down = not self.redis_up() or not any(
             m.consuming(self.workdir) for m in self.managed if m.kind == "celery-worker"
         )
-        if w.plane_down and not down:
-            w.plane_back.append(now)
-        w.plane_down = down
+        if down and w.down_since is None:
+            w.down_since = now
+        elif not down and w.down_since is not None:
+            w.down_spans.append((w.down_since, now))
+            w.down_since = None
         if down:
             w.stall_since = None
         elif claims > w.claims:
@@ -673,12 +675,16 @@ class Soak:
         """Seconds from the fault (or the restart it needs) to the sign that the plane works again."""
         if f.kind in DISPATCH_KINDS:
             t = f.restarted if f.kind == "redis" and f.restarted else f.t
-            if f.kind == "redis":  # from when a Celery worker serves again (they exit with Redis)
-                t = next((b for b in self.watch.plane_back if b >= t), t)
             # Dispatch could only resume once ready tasks met free ordinals again.
             t = next((s[0] for s in self.watch.samples if s[0] >= t and s[1] > 0 and s[2] > 0), t)
             i = bisect.bisect_right(claim_times, f.t)
-            return None if i == len(claim_times) else max(0.0, claim_times[i] - t)
+            if i == len(claim_times):
+                return None
+            # Counted from when a Celery worker could serve again: they exit when Redis restarts
+            # under them, and a second death meanwhile is not the single death the bound is for.
+            claim = claim_times[i]
+            t = max([t, *(end for start, end in self.watch.down_spans if start <= claim and end >= t)])
+            return max(0.0, claim - t)
         if f.kind == "worker-away":
             return None if f.reoffered is None else max(0.0, f.reoffered - f.t)  # inf: never
         if f.kind == "serve":
