@@ -41,7 +41,7 @@ def board_add(
     out.print(render.line("{}", _kanban("write").add_task(board, title, body, lane=lane, task_id=task_id)))
     if lane != pool_lane:
         note = render.line(
-            "lane {} is not the pool's lane ({}): the pool will never claim it", lane, pool_lane
+            "lane '{}' is not the pool's lane ('{}'): the pool will never claim it", lane, pool_lane
         )
         print(f"poolctl: note: {note.plain}", file=sys.stderr)
 
