@@ -24,9 +24,12 @@ import atexit
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NoReturn
 
@@ -156,17 +159,52 @@ def schedule_file(settings: Settings) -> str:
 
 
 class CheckedScheduler(PersistentScheduler):  # type: ignore[misc]  # celery ships no types
-    """Beat's scheduler, which refuses before it opens its schedule file.
+    """Beat's scheduler, which refuses before it opens its schedule file and stops cleanly.
 
     Celery opens (creates) the schedule file before it sends ``beat_init``, so a beat
     refused there had already written it; here the store and board are checked first,
     and a refusal leaves nothing behind.
+
+    Celery's own SIGTERM handler closes the schedule and raises inside whatever beat
+    was doing: in the middle of sending a message, redis-py and kombu swallow the
+    exit, beat ticks on over the closed schedule and exits 1. Here a stop that comes
+    during a tick or a sync waits for its end; one that comes while beat sleeps ends it.
     """
+
+    _busy = False  # inside a tick or a sync, which a stop must not cut
+    _stopping = False
 
     def setup_schedule(self) -> None:
         _refuse_unless_ready(SETTINGS)
         os.makedirs(os.path.dirname(os.path.abspath(self.schedule_filename)), mode=0o700, exist_ok=True)
         super().setup_schedule()
+        if threading.current_thread() is threading.main_thread():  # an embedded beat keeps its host's
+            signal.signal(signal.SIGTERM, self._stop)
+            signal.signal(signal.SIGINT, self._stop)
+
+    def _stop(self, *_: Any) -> None:
+        self._stopping = True
+        if not self._busy:
+            raise SystemExit()
+
+    def _whole(self, step: Callable[[], Any]) -> Any:
+        self._busy = True
+        try:
+            return step()
+        finally:
+            self._busy = False
+            if self._stopping:
+                raise SystemExit()
+
+    def tick(self, *args: Any, **kwargs: Any) -> Any:
+        return self._whole(lambda: super(CheckedScheduler, self).tick(*args, **kwargs))
+
+    def _do_sync(self) -> None:
+        self._whole(super()._do_sync)
+
+    def close(self) -> None:
+        self._busy = True  # the last thing beat does: nothing to stop after it
+        super().close()
 
 
 app = make_app(SETTINGS)
