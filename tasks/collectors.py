@@ -1,13 +1,14 @@
 """Gauges read at scrape time, and the worker's exporter (names documented in the README).
 
 The top floor of the metrics: rows by state, the quarantined count, the ordinals
-(free, held, held by a quarantined row), the live child executions and the audit
-events written, and worker presence (each ordinal's last call, ordinals without a
-worker, rows waiting ``assigned`` past a lease) are read from the store
-(``store.numbers``, what ``poolctl status`` shows); each pass's last scan and the
-queue depth from Redis (``tasks.liveness``, which reads the registry of passes). The
-counters the passes bump live below, in ``tasks.metrics``, which imports nothing of
-the plane: a pass importing its counter never reaches back up here.
+(free, held, held by a quarantined row), the age of the oldest ``lease_failed``
+row, the live child executions and the audit events written, and worker presence
+(each ordinal's last call, ordinals without a worker, rows waiting ``assigned``
+past a lease) are read from the store (``store.numbers``, what ``poolctl status``
+shows); each pass's last scan, whether it is late, and the queue depth from Redis
+(``tasks.liveness``, which reads the registry of passes). The counters the passes
+bump live below, in ``tasks.metrics``, which imports nothing of the plane: a pass
+importing its counter never reaches back up here.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class StoreCollector:
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self.store.session(readonly=True) as s:
             found = numbers.read(s, self.store.pool_size)
+        now = time.time()
         yield _by("poolkeeper_rows", "Pool store rows by state.", "state", found.rows)
         yield GaugeMetricFamily(
             "poolkeeper_quarantined_rows",
@@ -44,6 +46,12 @@ class StoreCollector:
             "state",
             found.ordinals,
         )
+        oldest = found.oldest_lease_failed_at
+        yield GaugeMetricFamily(
+            "poolkeeper_oldest_lease_failed_seconds",
+            "Seconds the longest-waiting lease_failed row has waited (0: none), as `poolctl status` shows.",
+            value=0.0 if oldest is None else max(0.0, now - oldest),
+        )
         yield GaugeMetricFamily(
             "poolkeeper_live_children",
             "Child executions registered or running under a current grant.",
@@ -54,7 +62,7 @@ class StoreCollector:
             "The audit trail's highest event id: events appended so far.",
             value=found.audit_events,
         )
-        yield from _presence(found, time.time(), self.store.lease_seconds)
+        yield from _presence(found, now, self.store.lease_seconds)
 
 
 class PlaneCollector:
@@ -78,6 +86,12 @@ class PlaneCollector:
             "When each pass's scanner last finished (epoch seconds; beat liveness).",
             "pass_name",
             {p.name: p.last for p in health.scans if p.last is not None},
+        )
+        yield _by(
+            "poolkeeper_pass_late",
+            "1 while a pass has not scanned within 3 of its intervals (or was never seen): `poolctl status`.",
+            "pass_name",
+            {p.name: int(bool(p.late)) for p in health.scans},
         )
         yield GaugeMetricFamily(
             "poolkeeper_queue_depth",
