@@ -6,9 +6,12 @@ project's own gets the whole kit by a class like this one: its ``open_handle``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
 from board import Board, open_board
@@ -23,10 +26,43 @@ class TestKanban(BoardContract):
         return lambda: open_board(settings)
 
     @pytest.fixture
-    def busy(self, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Busy | None:
-        """Another connection holds the SQLite file's write lock (the Kanban waits 0.2 s, not 5, for it)."""
+    def busy(
+        self,
+        settings: Settings,
+        board: Board,
+        engine_of: Callable[[Board], Engine],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> Busy:
+        """Another connection holds the board's write lock; the Kanban waits 0.2 s for it, not 5."""
         path = make_url(settings.board_url).database
-        if not settings.board_url.startswith("sqlite") or not path:
-            return None  # PostgreSQL's writers wait for a lock rather than fail: no busy state to make
-        monkeypatch.setattr(db, "SQLITE_BUSY_TIMEOUT_MS", 200)
-        return sqlite_write_lock(path)
+        if settings.board_url.startswith("sqlite") and path:
+            monkeypatch.setattr(db, "SQLITE_BUSY_TIMEOUT_MS", 200)
+            return sqlite_write_lock(path)
+        return tables_locked(settings.board_url, engine_of(board))
+
+
+def tables_locked(url: str, engine: Engine) -> Busy:
+    """A ``busy`` for the Kanban on PostgreSQL: its tables held in EXCLUSIVE mode by another connection.
+
+    Readers still read; a writer waits ``lock_timeout`` (0.2 s on ``engine``'s new connections), then
+    fails as a lock timeout does, which must reach the plane as ``TransientError``.
+    """
+
+    @event.listens_for(engine, "connect")
+    def short_lock_wait(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute("SET lock_timeout = '200ms'")
+        dbapi_connection.commit()  # a session setting, kept past the pool's rollback on check-in
+
+    engine.dispose()  # the connections opened from now on wait 0.2 s
+
+    @contextmanager
+    def held() -> Iterator[None]:
+        holder = create_engine(url)
+        try:
+            with holder.begin() as conn:
+                conn.execute(text("LOCK TABLE boards, tasks, runs IN EXCLUSIVE MODE"))
+                yield
+        finally:
+            holder.dispose()
+
+    return held
