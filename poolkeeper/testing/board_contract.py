@@ -8,7 +8,7 @@ Subclass ``BoardContract`` in a test module and give it one fixture, ``open_hand
     class TestMyBoard(BoardContract):
         @pytest.fixture
         def open_handle(self, tmp_path):
-            return lambda: MyBoard(f"myboard:///{tmp_path}/board.db")
+            return lambda: MyBoard(f"myboard://{tmp_path}/board.db")
 
 Each call of ``open_handle`` opens a new handle (a ``Board``) on one fresh, empty backing
 store, not yet migrated. The kit migrates the first (``board``), opens a second for the
@@ -79,7 +79,7 @@ def together(calls: list[Callable[[], T]]) -> list[T]:
 def sqlite_write_lock(path: str) -> Busy:
     """A ``busy`` for a backend on the SQLite file ``path``: another connection holds its write lock.
 
-    Readers still read (WAL); a writer waits out its busy timeout, then must raise ``TransientError``.
+    Readers still read; a writer waits out its busy timeout, then must raise ``TransientError``.
     """
 
     @contextmanager
