@@ -1,14 +1,20 @@
 """The board (source of truth): the ``Board`` protocol, and ``open_board`` to get one.
 
 ``open_board`` is the one place that knows the backends: ``POOL_BOARD_URL``'s
-scheme picks one (``BACKENDS``). Nothing outside ``board/`` names a backend's
-class (``tests/test_architecture.py`` checks). ``with_faults`` adds the chaos
-faults the settings ask for (``board.faults``), for the maintenance plane.
+scheme (before any ``+driver``) names one registered under the entry-point group
+``poolkeeper.boards`` (``pyproject.toml`` declares the built-in Kanban's there too),
+so a backend installed as a package is found without code changes; a backend's
+entry point is a ``BoardOpener``. ``BUILT_IN`` serves the Kanban's schemes when no
+entry point names them (a source checkout on ``sys.path``, not installed). Nothing
+outside ``board/`` names a backend's class (``tests/test_architecture.py`` checks).
+``with_faults`` adds the chaos faults the settings ask for (``board.faults``), for
+the maintenance plane. How to write a backend: docs/board-backends.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
 
 from board.faults import FlakyBoard
 from board.kanban import KanbanBoard
@@ -17,34 +23,75 @@ from core.errors import UnusableURL
 from core.settings import Settings, check_database_url
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "Board",
+    "BoardOpener",
     "BoardTask",
     "Claim",
     "FlakyBoard",
     "TaskStatus",
     "open_board",
+    "open_kanban",
     "with_faults",
 ]
 
-# The URL scheme (before any "+driver") -> the backend that serves it.
-BACKENDS: dict[str, Callable[[str], Board]] = {
-    "sqlite": KanbanBoard,
-    "postgresql": KanbanBoard,
-}
+ENTRY_POINT_GROUP = "poolkeeper.boards"
+
+# What an entry point of ENTRY_POINT_GROUP names: the URL and the settings -> a board (not yet migrated).
+BoardOpener = Callable[[str, Settings], Board]
+
+
+def open_kanban(url: str, settings: Settings) -> Board:
+    """The built-in Kanban on the database at ``url`` (entry points ``sqlite`` and ``postgresql``)."""
+    check_database_url(url, "POOL_BOARD_URL")
+    return KanbanBoard(url)
+
+
+# The fallback for the schemes pyproject.toml declares, when the package's entry points are not visible.
+BUILT_IN: dict[str, BoardOpener] = {"sqlite": open_kanban, "postgresql": open_kanban}
 
 
 def open_board(settings: Settings) -> Board:
-    """The board at ``POOL_BOARD_URL``; an unknown scheme is a ``ConfigError`` naming the known ones."""
+    """The board at ``POOL_BOARD_URL``; an unknown scheme, or a backend that will not load, is one line.
+
+    Both are ``UnusableURL`` (a setting that cannot work); the URL is never echoed: it may hold a password.
+    """
     url = settings.board_url
     scheme, colon, _ = url.partition(":")
-    backend = BACKENDS.get(scheme.partition("+")[0].lower()) if colon else None
-    if backend is None:  # the URL is not echoed: it may hold a password
-        known = ", ".join(f"{s}:" for s in sorted(BACKENDS))
+    name = scheme.partition("+")[0].lower()
+    registered = _registered()
+    if not colon or (name not in registered and name not in BUILT_IN):
+        known = ", ".join(f"{s}:" for s in sorted({*registered, *BUILT_IN}))
         got = f"scheme {scheme + ':'!r}" if colon else "no scheme"
         raise UnusableURL(f"POOL_BOARD_URL: not a board URL of a known scheme ({known}); got {got}")
-    if backend is KanbanBoard:
-        check_database_url(url, "POOL_BOARD_URL")
-    return backend(url)
+    opener = _load(name, registered[name]) if name in registered else BUILT_IN[name]
+    return opener(url, settings)
+
+
+def _registered() -> dict[str, list[EntryPoint]]:
+    """The installed entry points of the group by scheme; one entry point seen twice counts once."""
+    found: dict[str, list[EntryPoint]] = {}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        same = found.setdefault(point.name.lower(), [])
+        if all(p.value != point.value for p in same):
+            same.append(point)
+    return found
+
+
+def _load(scheme: str, points: list[EntryPoint]) -> BoardOpener:
+    """The opener one entry point names; two packages claiming the scheme, or a failed import, is one line."""
+    where = [f"{p.name} = {p.value} (package {p.dist.name if p.dist else 'unknown'})" for p in points]
+    if len(points) > 1:
+        backends = "; ".join(where)
+        raise UnusableURL(f"POOL_BOARD_URL: scheme '{scheme}:' has {len(points)} backends: {backends}")
+    try:
+        opener = points[0].load()
+    except Exception as err:  # the backend's own import: any error there is its package's, not ours
+        problem = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        raise UnusableURL(f"POOL_BOARD_URL: board backend {where[0]} failed to load: {problem}") from None
+    if not callable(opener):
+        raise UnusableURL(f"POOL_BOARD_URL: board backend {where[0]} is not callable")
+    return opener  # type: ignore[no-any-return]
 
 
 def with_faults(board: Board, settings: Settings) -> Board:
