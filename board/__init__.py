@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from board.faults import FlakyBoard
+from board.http import open_http
 from board.kanban import KanbanBoard
 from board.protocol import Board, BoardTask, Claim, TaskStatus
 from core.errors import UnusableURL
@@ -30,6 +31,7 @@ __all__ = [
 BACKENDS: dict[str, Callable[[str], Board]] = {
     "sqlite": KanbanBoard,
     "postgresql": KanbanBoard,
+    **dict.fromkeys(("http", "https"), lambda url: open_http(url, Settings.from_env())),  # until the registry
 }
 
 
