@@ -15,7 +15,8 @@ other 4xx about one task (get, block, complete) is that task's own
 ``CapabilityError``; elsewhere 422 is ``InvalidInput``. A 500 is
 ``BoardServerError``: a bug on the board's side, recorded on the row like any
 unexpected error. A retried claim sends the same request id, so the server
-answers with the claims it already made and claims nothing twice.
+answers with the claims it already made and claims nothing twice. Requests
+are checked by the server (its 422s), not here, so both ends refuse alike.
 
 One pooled ``httpx.Client`` per board per process: a forked child (Celery's
 prefork workers) opens its own on first use rather than share the parent's
@@ -229,18 +230,18 @@ class HttpBoard:
     def claim_ready(
         self, limit: int, *, assignee: str, lane: str, request_id: str | None = None
     ) -> list[Claim]:
-        asked = ClaimRequest(
+        asked = ClaimRequest.model_construct(
             request_id=request_id or uuid.uuid4().hex, limit=limit, assignee=assignee, lane=lane
         )
         return self._call("POST", "/v1/claims", Claims, body=asked).claims
 
     def block_task(self, board: str, task_id: str, reason: str, kind: str, expected_run_id: int) -> bool:
-        asked = BlockRequest(reason=reason, kind=kind, expected_run_id=expected_run_id)
+        asked = BlockRequest.model_construct(reason=reason, kind=kind, expected_run_id=expected_run_id)
         path, task = f"{_task(board, task_id)}/block", f"{board}/{task_id}"
         return self._call("POST", path, Applied, body=asked, task=task).applied
 
     def complete_task(self, board: str, task_id: str, expected_run_id: int, result: dict[str, Any]) -> bool:
-        asked = CompleteRequest(expected_run_id=expected_run_id, result=result)
+        asked = CompleteRequest.model_construct(expected_run_id=expected_run_id, result=result)
         path, task = f"{_task(board, task_id)}/complete", f"{board}/{task_id}"
         return self._call("POST", path, Applied, body=asked, task=task).applied
 
@@ -255,7 +256,10 @@ class HttpBoard:
         lane: str = default("lane"),
         task_id: str | None = None,
     ) -> str:
-        asked = NewTask(title=title, body=body, lane=lane, task_id=task_id)
+        # the id is made here, so a retry after a lost answer cannot add the task twice
+        asked = NewTask.model_construct(
+            title=title, body=body, lane=lane, task_id=task_id or uuid.uuid4().hex[:12]
+        )
         return self._call("POST", f"{_board(board)}/tasks", TaskId, body=asked).task_id
 
     def unblock_task(self, board: str, task_id: str) -> BoardTask:
@@ -265,7 +269,7 @@ class HttpBoard:
         return self._move(board, task_id, "cancel")
 
     def reassign_task(self, board: str, task_id: str, *, assignee: str, lane: str) -> BoardTask:
-        return self._move(board, task_id, "reassign", Reassign(assignee=assignee, lane=lane))
+        return self._move(board, task_id, "reassign", Reassign.model_construct(assignee=assignee, lane=lane))
 
     def _move(self, board: str, task_id: str, move: str, body: BaseModel | None = None) -> BoardTask:
         found = self._call("POST", f"{_task(board, task_id)}/{move}", TaskAnswer, body=body).task
@@ -303,7 +307,9 @@ class HttpBoard:
     def list_runs(self, board: str, task_ids: list[str]) -> list[dict[str, Any]]:
         if not task_ids:
             return []
-        return self._call("POST", f"{_board(board)}/runs", Runs, body=RunsRequest(task_ids=task_ids)).runs
+        return self._call(
+            "POST", f"{_board(board)}/runs", Runs, body=RunsRequest.model_construct(task_ids=task_ids)
+        ).runs
 
     # --- transport -----------------------------------------------------------------------------
 
@@ -331,7 +337,10 @@ class HttpBoard:
         task: str | None = None,
     ) -> Answer:
         """One call, retried while transient: its answer as ``answer``, or the error its status means."""
-        content = None if body is None else body.model_dump_json().encode()
+        try:
+            content = None if body is None else body.model_dump_json().encode()
+        except ValueError as err:  # text JSON cannot carry (a lone surrogate), NaN: as the Kanban refuses it
+            raise InvalidInput("request", f"cannot be sent as JSON: {str(err)[:200]}") from None
         headers = {"content-type": "application/json"} if content is not None else None
         problem, refused = "", False
         for n in range(1, self.tries + 1):

@@ -103,6 +103,7 @@ def run(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # /readyz reads the schema version
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per call of an http(s) board otherwise
     app = create_app(settings, local_only=local_only)
     guarded(app, settings, access_log, max_connections, max_per_client).run(sockets=[sock])
 
