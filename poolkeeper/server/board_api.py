@@ -11,7 +11,7 @@ Auth mirrors ``poolctl serve``: every ``/v1`` request carries ``Authorization:
 Bearer <POOL_BOARD_TOKEN>`` (compared in constant time, before the body is read;
 401 otherwise). Without a token the server starts only with ``--local-only`` on
 a loopback address, and then answers only requests addressed to loopback
-(``limits.LoopbackHost``). ``/healthz`` and ``/readyz`` ask no token. A board
+(``limits.LoopbackHost``). ``/healthz``, ``/readyz`` and ``/openapi.json`` ask no token. A board
 ``poolctl init`` has not set up is refused before the port is bound (exit 78).
 It runs under ``serve.guarded``: the same deadlines, connection caps and body
 limit as ``poolctl serve``.

@@ -239,14 +239,16 @@ def test_the_schema_file_is_the_servers() -> None:
     assert written == board_api.openapi(), f"the schema file is out of date: {regenerate}"
 
 
-def _poolctl(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def _poolctl(
+    tmp_path: Path, env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", "from poolkeeper.cli import main; main()", *args],
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
 
 
@@ -257,13 +259,16 @@ def test_board_serve_refuses_an_unmigrated_board_and_a_server_without_auth(tmp_p
     assert len(unmigrated.stderr.strip().splitlines()) == 1
     open_auth = _poolctl(tmp_path, board, "board", "serve", "--host", "0.0.0.0", "--port", "0")
     assert open_auth.returncode == SettingsError.exit_code and "POOL_BOARD_TOKEN" in open_auth.stderr
+    remote = {"POOL_BOARD_URL": "http://127.0.0.1:1", "POOL_BOARD_TOKEN": TOKEN}
+    itself = _poolctl(tmp_path, remote, "board", "serve", "--port", "0")
+    assert itself.returncode == SettingsError.exit_code and "not a server" in itself.stderr
     assert not (tmp_path / "board.db").exists()
 
 
 def test_the_demo_with_its_board_behind_board_serve_loses_nothing(tmp_path: Path) -> None:
     args = ("demo", "--board", "http", "--tasks", "6", "--pool-size", "2", "--poison", "1")
-    faults = ("--board-busy-rate", "0.2", "--crash-rate", "0.1", "--timeout", "240", "--seed", "7")
-    done = _poolctl(tmp_path, {}, *args, *faults, "--workdir", str(tmp_path / "demo"))
+    faults = ("--board-busy-rate", "0.2", "--crash-rate", "0.1", "--timeout", "200", "--seed", "7")
+    done = _poolctl(tmp_path, {}, *args, *faults, "--workdir", str(tmp_path / "demo"), timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "lost: 0" in done.stdout and "board API: http://127.0.0.1:" in done.stdout
     assert (tmp_path / "demo" / "board-serve.log").exists()
