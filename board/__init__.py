@@ -4,8 +4,9 @@
 scheme (before any ``+driver``) names one registered under the entry-point group
 ``poolkeeper.boards`` (``pyproject.toml`` declares the built-in Kanban's there too),
 so a backend installed as a package is found without code changes; a backend's
-entry point is a ``BoardOpener``. ``BUILT_IN`` serves the Kanban's schemes when no
-entry point names them (a source checkout on ``sys.path``, not installed). Nothing
+entry point is a ``BoardOpener``. ``BUILT_IN`` serves the built-in schemes (the
+Kanban's, and ``http``/``https``: ``board.http``) when no entry point names them (a
+source checkout on ``sys.path``, not installed). Nothing
 outside ``board/`` names a backend's class (``tests/test_architecture.py`` checks).
 ``with_faults`` adds the chaos faults the settings ask for (``board.faults``), for
 the maintenance plane. How to write a backend: docs/board-backends.md.
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 
 from board.faults import FlakyBoard
+from board.http import open_http
 from board.kanban import KanbanBoard
 from board.protocol import Board, BoardTask, Claim, TaskStatus
 from core.errors import UnusableURL
@@ -48,7 +50,12 @@ def open_kanban(url: str, settings: Settings) -> Board:
 
 
 # The fallback for the schemes pyproject.toml declares, when the package's entry points are not visible.
-BUILT_IN: dict[str, BoardOpener] = {"sqlite": open_kanban, "postgresql": open_kanban}
+BUILT_IN: dict[str, BoardOpener] = {
+    "sqlite": open_kanban,
+    "postgresql": open_kanban,
+    "http": open_http,
+    "https": open_http,
+}
 
 
 def open_board(settings: Settings) -> Board:

@@ -54,9 +54,11 @@ class FlakyBoard:
         self._maybe_fail(task_id)
         return self.inner.get_task(board, task_id)
 
-    def claim_ready(self, limit: int, *, assignee: str, lane: str) -> list[Claim]:
+    def claim_ready(
+        self, limit: int, *, assignee: str, lane: str, request_id: str | None = None
+    ) -> list[Claim]:
         self._maybe_fail()
-        return self.inner.claim_ready(limit, assignee=assignee, lane=lane)
+        return self.inner.claim_ready(limit, assignee=assignee, lane=lane, request_id=request_id)
 
     def block_task(self, board: str, task_id: str, reason: str, kind: str, expected_run_id: int) -> bool:
         self._maybe_fail(task_id)

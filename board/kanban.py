@@ -23,16 +23,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, exc, func, insert, select, tuple_, update
+from sqlalchemy import Connection, Engine, delete, exc, func, insert, select, tuple_, update
 from sqlalchemy.engine import Row
 
 from board.protocol import BoardTask, Claim, TaskStatus
-from board.schema import boards, metadata, runs, tasks
+from board.schema import boards, claim_requests, metadata, runs, tasks
 from core import db, validate
 from core.errors import InvalidInput, NotFound, TransientError
 from core.settings import default
 
 T = tasks.c
+CR = claim_requests.c
+CLAIM_MEMORY_SECONDS = 24 * 3600.0  # how long a claim request id is remembered
 log = logging.getLogger("poolkeeper.board")
 
 
@@ -82,38 +84,66 @@ class KanbanBoard:
             row = conn.execute(select(tasks).where(T.board == board, T.id == task_id)).first()
         return self._task(row) if row is not None else None
 
-    def claim_ready(self, limit: int, *, assignee: str, lane: str) -> list[Claim]:
+    def claim_ready(
+        self, limit: int, *, assignee: str, lane: str, request_id: str | None = None
+    ) -> list[Claim]:
         validate.integer("limit", limit, 0, validate.INT32_MAX)
+        if request_id is not None:
+            validate.name("request_id", request_id, 128)
         now = time.time()
+        with self._tx() as conn:
+            if request_id is not None:
+                made = conn.scalar(select(CR.claims).where(CR.request_id == request_id))
+                if made is not None:  # a retry: the claims that request made, and nothing more
+                    return [Claim(board, task_id, int(run_id)) for board, task_id, run_id in json.loads(made)]
+            claims = self._claim(conn, limit, assignee, lane, now)
+            if request_id is not None:
+                self._remember(conn, request_id, claims, now)
+        return claims
+
+    def _claim(self, conn: Connection, limit: int, assignee: str, lane: str, now: float) -> list[Claim]:
         claims: list[Claim] = []
         skipped: list[tuple[str, str]] = []  # tasks this claim could not take: not asked again
-        with self._tx() as conn:
-            while len(claims) < limit:
-                candidates = (
-                    select(T.board, T.id, T.current_run_id)
-                    .join(boards, boards.c.name == T.board)
-                    .where(T.status == TaskStatus.READY.value, T.lane == lane, boards.c.archived.is_(False))
-                    .order_by(T.created_at, T.board, T.id)
-                    .limit(limit - len(claims))
-                    .with_for_update(of=tasks, skip_locked=True)
-                )
-                if skipped:
-                    candidates = candidates.where(tuple_(T.board, T.id).not_in(skipped))
-                batch = conn.execute(candidates).all()
-                if not batch:
-                    break
-                for board, task_id, current in batch:
-                    try:
-                        with conn.begin_nested():
-                            run_id = self._claim_one(conn, board, task_id, current, assignee, now)
-                    except (exc.IntegrityError, exc.DataError, InvalidInput) as err:
-                        self._report(board, task_id, f"cannot be claimed, left ready: {_short(err)}")
-                        run_id = None
-                    if run_id is None:
-                        skipped.append((board, task_id))
-                    else:
-                        claims.append(Claim(board, task_id, run_id))
+        while len(claims) < limit:
+            candidates = (
+                select(T.board, T.id, T.current_run_id)
+                .join(boards, boards.c.name == T.board)
+                .where(T.status == TaskStatus.READY.value, T.lane == lane, boards.c.archived.is_(False))
+                .order_by(T.created_at, T.board, T.id)
+                .limit(limit - len(claims))
+                .with_for_update(of=tasks, skip_locked=True)
+            )
+            if skipped:
+                candidates = candidates.where(tuple_(T.board, T.id).not_in(skipped))
+            batch = conn.execute(candidates).all()
+            if not batch:
+                break
+            for board, task_id, current in batch:
+                try:
+                    with conn.begin_nested():
+                        run_id = self._claim_one(conn, board, task_id, current, assignee, now)
+                except (exc.IntegrityError, exc.DataError, InvalidInput) as err:
+                    self._report(board, task_id, f"cannot be claimed, left ready: {_short(err)}")
+                    run_id = None
+                if run_id is None:
+                    skipped.append((board, task_id))
+                else:
+                    claims.append(Claim(board, task_id, run_id))
         return claims
+
+    @staticmethod
+    def _remember(conn: Connection, request_id: str, claims: list[Claim], now: float) -> None:
+        """Record what ``request_id`` claimed, in the claim's transaction; prune old records."""
+        expired = select(CR.request_id).where(CR.created_at < now - CLAIM_MEMORY_SECONDS).limit(100)
+        conn.execute(delete(claim_requests).where(CR.request_id.in_(expired)))
+        made = validate.canonical_json([[c.board, c.task_id, c.run_id] for c in claims])
+        try:
+            with conn.begin_nested():
+                conn.execute(
+                    insert(claim_requests).values(request_id=request_id, claims=made, created_at=now)
+                )
+        except exc.IntegrityError:  # the same request made concurrently (PostgreSQL): this one claims nothing
+            raise TransientError(f"claim request {request_id} is under way concurrently; try again") from None
 
     def _claim_one(
         self, conn: Connection, board: str, task_id: str, current: int | None, assignee: str, now: float

@@ -74,7 +74,11 @@ class Board(Protocol):
 
     def get_task(self, board: str, task_id: str) -> BoardTask | None: ...
 
-    def claim_ready(self, limit: int, *, assignee: str, lane: str) -> list[Claim]: ...
+    def claim_ready(
+        self, limit: int, *, assignee: str, lane: str, request_id: str | None = None
+    ) -> list[Claim]:
+        """Atomically claim up to ``limit`` ready tasks of ``lane``; a ``request_id`` already used
+        returns the claims that request made and claims nothing more (a retry after a lost answer)."""
 
     def block_task(self, board: str, task_id: str, reason: str, kind: str, expected_run_id: int) -> bool: ...
 

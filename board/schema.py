@@ -72,3 +72,15 @@ runs = Table(
     Column("ended_at", Float),
     CheckConstraint("outcome IN ('running', 'done', 'blocked', 'cancelled', 'moved')", name="outcome"),
 )
+
+# A claim request id -> the claims it made (JSON), so a retried claim returns them and claims nothing
+# more (``KanbanBoard.claim_ready``'s ``request_id``; the board server's /v1/claims). Rows older than
+# ``board.kanban.CLAIM_MEMORY_SECONDS`` are pruned by later claims.
+claim_requests = Table(
+    "claim_requests",
+    metadata,
+    Column("request_id", String(128), primary_key=True),
+    Column("claims", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Index("ix_claim_requests_created_at", "created_at"),
+)

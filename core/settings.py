@@ -112,6 +112,16 @@ def _server_secret(value: str, var: str) -> None:
         )
 
 
+def _board_token(value: str, var: str) -> None:
+    """A server secret's rules, and fit for an ``Authorization`` header: visible ASCII only."""
+    _server_secret(value, var)
+    if value and not (value.isascii() and value.isprintable() and " " not in value):
+        raise SettingsError(f"{var}: may hold only visible ASCII characters (no spaces)")
+
+
+SECRET_FILES = ("server_secret", "board_token")  # POOL_<NAME>_FILE may name a file holding each
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str = setting(
@@ -122,7 +132,7 @@ class Settings:
     board_url: str = setting(
         "sqlite:///board.db",
         "The board; its scheme picks the backend (``board.open_board`` checks it): sqlite: or"
-        " postgresql...: the built-in Kanban.",
+        " postgresql...: the built-in Kanban; http: or https: a board server (``poolctl board serve``).",
         rule=nonempty,
     )
     redis_url: str = setting(
@@ -193,6 +203,15 @@ class Settings:
         rule=_server_secret,
         secret=True,
     )
+    board_token: str = setting(
+        "",
+        "The bearer token of the board API (docs/board-api.md): what an http(s) POOL_BOARD_URL sends, and"
+        " what `poolctl board serve` asks of every caller (at least 32 characters; never logged, never handed"
+        " to a child by ``env()``). POOL_BOARD_TOKEN_FILE names a file holding it instead (not both)."
+        " Empty: none sent, and `board serve` starts only with --local-only on a loopback address.",
+        rule=_board_token,
+        secret=True,
+    )
     serve_host: str = setting("127.0.0.1", "Where `poolctl serve` listens.")
     serve_port: int = setting(
         8080, "The port `poolctl serve` listens on.", ge=0, le=65535, expected="a port (0: any free one)"
@@ -231,11 +250,13 @@ class Settings:
                 continue
             kind = type(f.default)
             values[f.name] = _parse(_utf8(raw, _var(f.name)).strip(), kind, _var(f.name))
-        secret_file = _utf8(env.get("POOL_SERVER_SECRET_FILE", ""), "POOL_SERVER_SECRET_FILE").strip()
-        if secret_file:
-            if env.get("POOL_SERVER_SECRET"):
-                raise SettingsError("POOL_SERVER_SECRET_FILE: give it or POOL_SERVER_SECRET, not both")
-            values["server_secret"] = read_secret_file("POOL_SERVER_SECRET_FILE", secret_file)
+        for name in SECRET_FILES:
+            var = _var(name)
+            secret_file = _utf8(env.get(f"{var}_FILE", ""), f"{var}_FILE").strip()
+            if secret_file:
+                if env.get(var):
+                    raise SettingsError(f"{var}_FILE: give it or {var}, not both")
+                values[name] = read_secret_file(f"{var}_FILE", secret_file)
         values.update(overrides)
         return cls(**values)
 

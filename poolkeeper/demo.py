@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ BOARD = "demo"
 # gets an "r") and of its `poolctl serve`, beat's schedule. tests/test_operator_truth.py runs a
 # demo and checks that this takes everything it left.
 DEMO_FILES = re.compile(
-    r"(pool|board)\.db(-wal|-shm|-journal)?|(worker|beat|serve)r*\.log|beatr*-schedule(\..+)?"
+    r"(pool|board)\.db(-wal|-shm|-journal)?|(worker|beat|serve|board-serve)r*\.log|beatr*-schedule(\..+)?"
 )
 
 
@@ -71,6 +71,7 @@ class DemoOptions:
     timeout: float
     workdir: Path | None
     seed: int | None
+    board: str = "sqlite"  # or "http": the plane reaches the board only through `poolctl board serve`
 
 
 def demo_settings(opts: DemoOptions, workdir: Path, redis_url: str) -> Settings:
@@ -108,6 +109,7 @@ class Demo:
         self.redis: RedisServer | None = None
         self.procs: list[CeleryProc] = []
         self.server: ServeProc | None = None
+        self.board_server: ServeProc | None = None
         self.http: HttpPool | None = None
         self.pool: SimPool | None = None
         self.env: dict[str, str] = {}
@@ -158,7 +160,7 @@ class Demo:
             f"poolkeeper demo: {self.opts.tasks} tasks, {self.opts.pool_size} ordinals, "
             f"broker {where}, files in {self.workdir}"
         )
-        self.env = env = settings.env()
+        self.env = env = self._plane_env(settings)
         for kind in ("worker", "beat"):
             self.procs.append(CeleryProc(kind, env, self.workdir, kind))  # registered before waiting on it
             self.procs[-1].wait_ready()
@@ -180,6 +182,24 @@ class Demo:
         self.pool = SimPool(self.http, faults, seed=self.opts.seed).start()
         return store, kanban
 
+    def _plane_env(self, settings: Settings) -> dict[str, str]:
+        """What the plane's processes run with. ``--board http``: the board behind ``poolctl board serve``
+        (started here, with a fresh token), whose own chaos faults answer 503 (busy) and 500 (poisoned);
+        the plane then injects none itself. The demo's checks and its operator read the board's file."""
+        if self.opts.board != "http":
+            return settings.env()
+        token = secrets.token_hex(32)
+        server_env = {**settings.env(), "POOL_BOARD_TOKEN": token}
+        self.board_server = ServeProc(
+            server_env, self.workdir, name="board-serve", command=("board", "serve")
+        )
+        self.board_server.wait_ready()
+        self.console.print(f"board API: {self.board_server.url} (poolctl board serve)")
+        plane = replace(
+            settings, board_url=self.board_server.url, chaos_board_busy_rate=0.0, chaos_poison_tasks=""
+        )
+        return {**plane.env(), "POOL_BOARD_TOKEN": token}  # handed on purpose: env() keeps secrets back
+
     def stop(self) -> None:
         if self.pool is not None:
             self.pool.stop()
@@ -189,6 +209,8 @@ class Demo:
             self.server.stop()
         for proc in reversed(self.procs):
             proc.stop()
+        if self.board_server is not None:
+            self.board_server.stop()
         if self.redis is not None:
             self.redis.stop()
 

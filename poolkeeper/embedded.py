@@ -194,7 +194,8 @@ def supervise(procs: list[CeleryProc], env: dict[str, str], workdir: Path) -> li
 
 
 class ServeProc:
-    """``poolctl serve`` on a free loopback port, logging to a file; configured through ``POOL_*``."""
+    """``poolctl serve`` (or ``command``: ``board serve``) on a free loopback port, logging to a file;
+    configured through ``POOL_*``."""
 
     def __init__(
         self,
@@ -205,11 +206,12 @@ class ServeProc:
         local_only: bool = False,
         name: str = "serve",
         port: int | None = None,
+        command: tuple[str, ...] = ("serve",),
     ) -> None:
         self.port = port or free_port()
         self.name = name
         self.log = workdir / f"{name}.log"
-        args = [sys.executable, "-c", "from poolkeeper.cli import main; main()", "serve"]
+        args = [sys.executable, "-c", "from poolkeeper.cli import main; main()", *command]
         args += ["--host", "127.0.0.1", "--port", str(self.port)] + (["--local-only"] if local_only else [])
         child_env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "POOL_SERVER_SECRET": secret}
         child_env.pop("POOL_SERVER_SECRET_FILE", None)

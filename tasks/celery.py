@@ -92,7 +92,7 @@ PROCESS_TASK = planes.process_task(SETTINGS)
 # Celery's per-message lines ("Task … received", "… succeeded in …"): most of an
 # INFO log, and nothing the project's own per-batch summaries do not say better.
 # Their failures are logged at ERROR by the same loggers and still show.
-CHATTY_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
+CHATTY_LOGGERS = ("celery.app.trace", "celery.worker.strategy", "httpx")  # httpx: a line per board call
 
 
 def _not_a_due_task(record: logging.LogRecord) -> bool:

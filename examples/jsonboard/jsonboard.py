@@ -33,6 +33,8 @@ SCHEMA = (
     "CREATE TABLE IF NOT EXISTS item (board TEXT NOT NULL, id TEXT NOT NULL,"
     " doc TEXT NOT NULL CHECK (json_valid(doc)), PRIMARY KEY (board, id))",
     f"CREATE INDEX IF NOT EXISTS item_status ON item ({STATUS}, board)",  # running_tasks, claims
+    # what each claim request (by its id) claimed, so a retry after a lost answer claims nothing more
+    "CREATE TABLE IF NOT EXISTS claim_request (id TEXT PRIMARY KEY, claims TEXT NOT NULL)",
 )
 RUNS = "item, json_each(item.doc, '$.runs') AS r"  # r.value: [run, assignee, outcome, started, ended]
 
@@ -116,7 +118,9 @@ class JsonBoard:
             found = self._read(conn, board, task_id)
         return _task(board, task_id, found[1]) if found else None
 
-    def claim_ready(self, limit: int, *, assignee: str, lane: str) -> list[Claim]:
+    def claim_ready(
+        self, limit: int, *, assignee: str, lane: str, request_id: str | None = None
+    ) -> list[Claim]:
         sql = (
             f"SELECT board, id, doc FROM item WHERE {STATUS} = 'ready' AND doc ->> 'lane' = ?"
             " AND board NOT IN (SELECT board FROM item WHERE id = '' AND doc ->> 'archived')"
@@ -124,6 +128,9 @@ class JsonBoard:
         )
         claims, now = [], time.time()
         with self._tx(write=True) as conn:  # the write lock: no other claimer reads between
+            asked = "SELECT claims FROM claim_request WHERE id = ?"
+            if request_id and (done := conn.execute(asked, (request_id,)).fetchone()):
+                return [Claim(*c) for c in json.loads(done[0])]
             for board, task_id, old in conn.execute(sql, (lane, limit)).fetchall():
                 doc = json.loads(old)
                 run = max((r[0] for r in doc["runs"]), default=0) + 1  # past every run it ever had
@@ -132,6 +139,9 @@ class JsonBoard:
                 doc["runs"].append([run, assignee, "running", now, None])
                 if self._replace(conn, board, task_id, old, doc):
                     claims.append(Claim(board, task_id, run))
+            if request_id:
+                made = json.dumps([[c.board, c.task_id, c.run_id] for c in claims])
+                conn.execute("INSERT INTO claim_request (id, claims) VALUES (?, ?)", (request_id, made))
         return claims
 
     def block_task(self, board: str, task_id: str, reason: str, kind: str, expected_run_id: int) -> bool:

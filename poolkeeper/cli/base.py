@@ -47,6 +47,18 @@ app.add_typer(board_app, name="board")
 out = Console()
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")]
+# The options of both servers (`serve`, `board serve`).
+AccessLogOpt = Annotated[bool, typer.Option("--access-log", help="Log one line per request.")]
+MaxConnectionsOpt = Annotated[int, typer.Option(min=1, max=65536, help="Connections held at once, in all.")]
+MaxPerClientOpt = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=65536,
+        help="Connections held at once per client address (behind a proxy, every worker is one"
+        " client: raise it to --max-connections).",
+    ),
+]
 
 
 def _settings() -> Settings:

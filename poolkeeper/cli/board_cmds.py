@@ -13,7 +13,10 @@ from core.errors import InvalidInput, NotFound
 from poolkeeper import operator
 from poolkeeper.cli import render
 from poolkeeper.cli.base import (
+    AccessLogOpt,
     JsonOpt,
+    MaxConnectionsOpt,
+    MaxPerClientOpt,
     _emit,
     _kanban,
     _settings,
@@ -101,3 +104,29 @@ def board_unblock(board: str, task_id: str) -> None:
     """Put a parked task back to ready."""
     _kanban("write").unblock_task(board, task_id)
     out.print(render.line("{}/{} ready", board, task_id))
+
+
+@board_app.command("serve")
+def board_serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 8090,
+    local_only: Annotated[
+        bool,
+        typer.Option("--local-only", help="Allow serving without POOL_BOARD_TOKEN (loopback only; no auth)."),
+    ] = False,
+    access_log: AccessLogOpt = False,
+    max_connections: MaxConnectionsOpt = 1024,
+    max_connections_per_client: MaxPerClientOpt = 256,
+) -> None:
+    """Serve the board at POOL_BOARD_URL over the board API (docs/board-api.md): /v1, /healthz, /readyz."""
+    from poolkeeper.server import board_api
+
+    board_api.run(
+        _settings(),
+        host=host,
+        port=port,
+        local_only=local_only,
+        access_log=access_log,
+        max_connections=max_connections,
+        max_per_client=max_connections_per_client,
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -174,6 +175,11 @@ def maintain(
     _emit(data, render.outcomes(data), as_json)
 
 
+class DemoBoard(StrEnum):
+    SQLITE = "sqlite"
+    HTTP = "http"
+
+
 @app.command()
 def demo(
     tasks: Annotated[int, typer.Option(min=1, help="Board tasks to seed.")] = 200,
@@ -189,6 +195,13 @@ def demo(
         typer.Option(help="Keep the databases and logs here (a new or empty folder, or a past demo's)."),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for the injected faults.")] = None,
+    board: Annotated[
+        DemoBoard,
+        typer.Option(
+            help="How the plane reaches the board: its SQLite file, or http (behind `poolctl board serve`,"
+            " whose busy board answers 503)."
+        ),
+    ] = DemoBoard.SQLITE,
 ) -> None:
     """Run the embedded end-to-end demo (no Redis or database to install)."""
     from poolkeeper.demo import Demo, DemoOptions
@@ -208,6 +221,7 @@ def demo(
         timeout=timeout,
         workdir=workdir,
         seed=seed,
+        board=board.value,
     )
     try:
         code = Demo(opts, out).run()

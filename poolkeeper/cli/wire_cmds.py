@@ -16,7 +16,10 @@ from core.errors import InvalidInput, SettingsError
 if TYPE_CHECKING:
     from poolkeeper.client import ChildToken, PoolClient
 from poolkeeper.cli.base import (
+    AccessLogOpt,
     JsonOpt,
+    MaxConnectionsOpt,
+    MaxPerClientOpt,
     _emit,
     _settings,
     app,
@@ -35,19 +38,9 @@ def serve(
             "--local-only", help="Allow serving without POOL_SERVER_SECRET (loopback only; no auth)."
         ),
     ] = False,
-    access_log: Annotated[bool, typer.Option("--access-log", help="Log one line per request.")] = False,
-    max_connections: Annotated[
-        int, typer.Option(min=1, max=65536, help="Connections held at once, in all.")
-    ] = 1024,
-    max_connections_per_client: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            max=65536,
-            help="Connections held at once per client address (behind a proxy, every worker is one"
-            " client: raise it to --max-connections).",
-        ),
-    ] = 256,
+    access_log: AccessLogOpt = False,
+    max_connections: MaxConnectionsOpt = 1024,
+    max_connections_per_client: MaxPerClientOpt = 256,
 ) -> None:
     """Serve the worker protocol over HTTP/JSON (/v1, /healthz, /readyz, /metrics, /docs)."""
     from poolkeeper.server import serve as server

@@ -16,12 +16,18 @@ import errno
 import logging
 import socket
 import sys
+from typing import TYPE_CHECKING
+
+from starlette.types import ASGIApp
 
 from core.errors import ConfigError, SettingsError, TransientError, Unavailable
 from core.settings import Settings
 from poolkeeper.server import transport
 from poolkeeper.server.limits import is_loopback
 from store import PoolStore
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger("poolkeeper.server")
 
@@ -93,13 +99,21 @@ def run(
     auth = "bearer tokens" if settings.server_secret else "none (--local-only)"
     print(f"poolctl serve: listening on {bound_host}:{bound_port}; auth: {auth}", file=sys.stderr, flush=True)
 
-    import uvicorn
-
     from poolkeeper.server.app import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # /readyz reads the schema version
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per call of an http(s) board otherwise
     app = create_app(settings, local_only=local_only)
+    guarded(app, settings, access_log, max_connections, max_per_client).run(sockets=[sock])
+
+
+def guarded(
+    app: ASGIApp, settings: Settings, access_log: bool, max_connections: int, max_per_client: int
+) -> uvicorn.Server:
+    """uvicorn serving ``app`` under ``transport.GuardedH11`` (``serve`` and ``board serve``)."""
+    import uvicorn
+
     guard = transport.Guard(
         timeout=settings.body_timeout_seconds, max_connections=max_connections, max_per_client=max_per_client
     )
@@ -113,4 +127,4 @@ def run(
         timeout_graceful_shutdown=10,
         log_level="info",
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    return uvicorn.Server(config)

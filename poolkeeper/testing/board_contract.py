@@ -140,6 +140,15 @@ class BoardContract:
         running = {t.id: t for t in board.running_tasks("b")}
         assert set(running) == {"t1", "t3"} and running["t1"].assignee == "pool"
 
+    def test_a_claim_retried_with_its_request_id_claims_nothing_more(self, board: Board) -> None:
+        for i in range(3):
+            board.add_task("b", f"task {i}", task_id=f"t{i}")
+        first = board.claim_ready(2, assignee="pool", lane="pool", request_id="req-1")
+        assert [c.task_id for c in first] == ["t0", "t1"]
+        # the answer was lost and the request is sent again: the same claims, nothing more claimed
+        assert board.claim_ready(2, assignee="pool", lane="pool", request_id="req-1") == first
+        assert [c.task_id for c in board.claim_ready(5, assignee="pool", lane="pool")] == ["t2"]
+
     def test_complete_and_block_act_on_the_exact_run_only(self, board: Board) -> None:
         board.add_task("b", "x", task_id="t1")
         [(_, _, run)] = claim(board)

@@ -66,7 +66,7 @@ def test_an_unknown_scheme_names_every_installed_one_and_not_the_url(site: Path)
     with pytest.raises(UnusableURL) as err:
         open_board(Settings(board_url="tracker://user:secret@host/b"))
     assert str(err.value) == (
-        "POOL_BOARD_URL: not a board URL of a known scheme (memo:, postgresql:, sqlite:);"
+        "POOL_BOARD_URL: not a board URL of a known scheme (http:, https:, memo:, postgresql:, sqlite:);"
         " got scheme 'tracker:'"
     )
 
@@ -116,5 +116,5 @@ def test_the_built_in_kanban_opens_without_entry_points(tmp_path: Path) -> None:
     kanban.migrate()
     assert kanban.list_boards() == [] and kanban.location().endswith("board.db")
     kanban.close()
-    with pytest.raises(UnusableURL, match=r"known scheme \(postgresql:, sqlite:\); got scheme 'http:'"):
-        open_board(Settings(board_url="http://host/b"))
+    with pytest.raises(UnusableURL, match=r"scheme \(http:, https:, postgresql:, sqlite:\); got scheme 'ftp:'"):
+        open_board(Settings(board_url="ftp://host/b"))

@@ -183,7 +183,7 @@ def test_a_corrupt_result_is_read_as_none_for_that_task_alone(
 @pytest.mark.parametrize(
     ("url", "got"),
     [
-        ("http://board.example/api", "scheme 'http:'"),
+        ("ftp://board.example/api", "scheme 'ftp:'"),  # http: is a backend now (board.http)
         ("garbage", "no scheme"),
         ("mysql://x@h/db", "scheme 'mysql:'"),
     ],
