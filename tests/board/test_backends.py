@@ -116,5 +116,7 @@ def test_the_built_in_kanban_opens_without_entry_points(tmp_path: Path) -> None:
     kanban.migrate()
     assert kanban.list_boards() == [] and kanban.location().endswith("board.db")
     kanban.close()
-    with pytest.raises(UnusableURL, match=r"scheme \(http:, https:, postgresql:, sqlite:\); got scheme 'ftp:'"):
+    with pytest.raises(
+        UnusableURL, match=r"scheme \(http:, https:, postgresql:, sqlite:\); got scheme 'ftp:'"
+    ):
         open_board(Settings(board_url="ftp://host/b"))
