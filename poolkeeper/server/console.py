@@ -3,7 +3,8 @@
 Server-rendered pages (Jinja2, autoescaped) whose live parts are fragments that
 htmx polls and swaps in place, without a reload: the overview (the numbers of
 ``poolctl status --json``, from the same ``poolkeeper.status.snapshot``, plus
-each ordinal's row, quarantined rows and lease failures), a row (identity,
+each ordinal's row, quarantined rows and lease failures), the workers (each
+ordinal's pool worker, the Celery workers and beats by their beacons), a row (identity,
 digests, errors, children, its audit history as a timeline), rows by state,
 and a board (tasks, runs, their rows). Every asset ships in the package
 (``static/``): no CDN, no build step.
@@ -219,6 +220,16 @@ def overview(screen: SignedIn) -> Response:
 @ui.get("/live/overview", response_class=HTMLResponse)
 def overview_live(screen: SignedIn) -> Response:
     return screen.page("_overview.html", lambda: screen.pages.overview(time.time()))
+
+
+@ui.get("/workers", response_class=HTMLResponse)
+def workers(screen: SignedIn) -> Response:
+    return screen.page("workers.html", lambda: screen.pages.workers(time.time()))
+
+
+@ui.get("/live/workers", response_class=HTMLResponse)
+def workers_live(screen: SignedIn) -> Response:
+    return screen.page("_workers.html", lambda: screen.pages.workers(time.time()))
 
 
 @ui.get("/rows", response_class=HTMLResponse)

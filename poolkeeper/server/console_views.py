@@ -24,6 +24,7 @@ from poolkeeper.status import row_view, snapshot
 from store import PoolStore, audit, lineage, queries, transitions
 from store import rows as rows_
 from store.models import RowState
+from store.numbers import WorkerState
 
 LIST_LIMIT = 200  # rows or tasks one page lists
 ALL_ORDINALS_UP_TO = 256  # a larger pool lists only its held ordinals
@@ -66,6 +67,16 @@ def render(template: str, **context: Any) -> str:
     return _ENV.get_template(template).render(**context)
 
 
+def worker_counts(numbers: dict[str, Any]) -> dict[str, dict[str, int | None]]:
+    """The overview's block: pool workers by state, Celery processes online and gone (None: unknown)."""
+    states = [p["state"] for p in numbers["presence"]]
+    pool: dict[str, int | None] = {state.value: states.count(state.value) for state in WorkerState}
+    found = numbers["processes"]
+    online = None if found is None else sum(1 for p in found if p["online"])
+    gone = None if found is None else len(found) - (online or 0)
+    return {"pool": pool, "celery": {"online": online, "gone": gone}}
+
+
 class Pages:
     def __init__(
         self,
@@ -91,6 +102,7 @@ class Pages:
         ordinals = [{"ordinal": o, "row": live.get(o)} for o in shown]
         return {
             "numbers": numbers,
+            "workers": worker_counts(numbers),
             "ordinals": ordinals,
             "all_ordinals": size <= ALL_ORDINALS_UP_TO,
             "quarantined_rows": quarantined,
@@ -98,6 +110,13 @@ class Pages:
             "now": now,
             "max_attempts": self.store.max_attempts,
         }
+
+    def workers(self, now: float) -> dict[str, Any]:
+        """Each ordinal's pool worker and the namespace's Celery workers and beats (``snapshot``)."""
+        numbers = snapshot(
+            self.store, self.kanban, self.settings, self.client, now, redis_error=self.redis_problem
+        )
+        return {"numbers": numbers, "now": now, "namespace": self.settings.namespace}
 
     def rows(self, state: str, quarantined: bool, now: float) -> dict[str, Any]:
         want = None

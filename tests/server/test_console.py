@@ -245,6 +245,56 @@ def test_the_overview_follows_a_live_run_without_a_reload(
         next(env, None)
 
 
+# --- workers ------------------------------------------------------------------------------------
+
+
+def test_the_workers_page_says_who_serves_and_since_when_the_gone_are_gone(
+    driver: WebDriver, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Given a pool worker polling on ordinal 0, a real Celery worker and beat; when the Celery worker
+    stops, the open page says it is gone, and since when, without a reload."""
+    env = start_console(tmp_path, redis_server.url, tick_seconds=0.5)
+    console = next(env)
+    worker = CeleryProc("worker", console.settings.env(), tmp_path, "w1").wait_ready()
+    beat = CeleryProc("beat", console.settings.env(), tmp_path, "beat").wait_ready()
+    try:
+        with PoolClient(console.url, tokens.ordinal_token(SECRET, 0)) as client:
+            assert client.offer(0, owner="pool-w0") is None  # nothing to do yet: it polls
+        signed_in(driver, console)
+        until("the overview's workers block", lambda: metric(driver, "celery.online") == "2", 30, driver)
+        assert (metric(driver, "workers.polling"), metric(driver, "workers.gone")) == ("1", "2")
+        driver.find_element(By.ID, "workers-more").send_keys(Keys.ENTER)
+        until("the workers page", lambda: driver.current_url == f"{console.url}/ui/workers")
+        driver.execute_script("window.noReload = 'still the same page'")
+
+        def pool_worker(ordinal: int, field: str) -> str:
+            row = driver.find_element(By.CSS_SELECTOR, f'#pool-workers tr[data-ordinal="{ordinal}"]')
+            return str(row.find_element(By.CSS_SELECTOR, f'[data-field="{field}"]').text)
+
+        assert (pool_worker(0, "state"), pool_worker(0, "owner")) == ("polling", "pool-w0")
+        assert pool_worker(0, "call").startswith("offer ") and pool_worker(0, "holds") == "-"
+        assert (pool_worker(1, "state"), pool_worker(1, "call")) == ("gone", "never")
+
+        def celery(kind: str) -> str:
+            rows = driver.find_elements(By.CSS_SELECTOR, "#celery tbody tr")
+            found = [r for r in rows if r.find_element(By.TAG_NAME, "td").text == kind]
+            return str(found[0].find_element(By.CSS_SELECTOR, '[data-field="state"]').text) if found else ""
+
+        assert (celery("worker"), celery("beat")) == ("online", "online")
+        worker.stop()
+        until("the stopped worker gone", lambda: celery("worker").startswith("gone since "), 30, driver)
+        assert "UTC" in celery("worker") and celery("beat") == "online"
+        assert driver.execute_script("return window.noReload") == "still the same page"
+        status = json.loads(console.poolctl("status", "--json"))
+        kinds = {p["kind"]: p["online"] for p in status["processes"]}
+        assert kinds == {"worker": False, "beat": True}
+        assert [p["state"] for p in status["presence"]] == ["polling", "gone", "gone"]
+    finally:
+        worker.stop()
+        beat.stop()
+        next(env, None)
+
+
 # --- a quarantined row ---------------------------------------------------------------------
 
 
