@@ -6,7 +6,7 @@ store gauges of ``/metrics``, so none of them can disagree: rows by state, ordin
 ``lease_failed`` row, live child executions, audit events written, each ordinal's last
 worker call, what it holds and its state (``polling``, ``busy``, or ``gone`` when it has
 had no call for longer than a lease), the ``assigned`` rows that have waited longer than
-a lease; then board tasks by status, and from Redis each pass's last scan, beat
+a lease, whether dispatch is paused; then board tasks by status, and from Redis each pass's last scan, beat
 liveness, the queue depth and the Celery workers and beats by their beacons
 (``tasks.liveness``; ``None`` when Redis does not answer).
 """
@@ -19,7 +19,7 @@ import redis
 
 from board import Board
 from core.settings import Settings
-from store import PoolStore, numbers
+from store import PoolStore, numbers, pause
 from store.models import LIVE_STATES, TERMINAL_STATES
 from tasks import liveness
 
@@ -56,6 +56,7 @@ def snapshot(
         "ordinals": found.ordinals,
         "live_children": found.live_children,
         "audit_events": found.audit_events,
+        "dispatch": dispatch_view(found.dispatch, now),
         **presence_view(found, now, store.lease_seconds),
         "board": board_counts,
         **plane.as_json(now),
@@ -85,6 +86,17 @@ def presence_view(found: numbers.PoolNumbers, now: float, lease_seconds: float) 
             for w in found.waiting_assigned(now, lease_seconds)
         ],
         "lease_seconds": lease_seconds,
+    }
+
+
+def dispatch_view(d: pause.Pause, now: float) -> dict[str, Any]:
+    """Whether dispatch is paused (no new claims), by whom, why and for how long."""
+    return {
+        "paused": d.paused,
+        "reason": d.reason,
+        "by": d.actor,
+        "since": d.since,
+        "since_seconds": None if d.since is None else round(now - d.since, 1),
     }
 
 

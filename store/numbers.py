@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from sqlalchemy.orm import Session
 
-from store import lineage, presence, queries
+from store import lineage, pause, presence, queries
 from store.models import RowState
 
 
@@ -39,6 +39,7 @@ class PoolNumbers:
     presence: list[presence.Seen]  # every ordinal's last worker call, by ordinal
     assigned_since: list[queries.Waiting]  # assigned rows, with when they became assigned
     held: dict[int, queries.Held]  # each held ordinal's live row
+    dispatch: pause.Pause  # paused by an operator (no new claims), or not
 
     def without_worker(self, now: float, lease_seconds: float) -> list[int]:
         """Ordinals with no worker call for longer than a lease (or none ever seen)."""
@@ -81,4 +82,5 @@ def read(s: Session, pool_size: int) -> PoolNumbers:
         presence=presence.read(s, pool_size),
         assigned_since=queries.assigned_since(s),
         held=held,
+        dispatch=pause.read(s),
     )

@@ -2,7 +2,7 @@
 
 The top floor of the metrics: rows by state, the quarantined count, the ordinals
 (free, held, held by a quarantined row), the live child executions and the audit
-events written, and worker presence (each ordinal's last call, ordinals without a
+events written, whether dispatch is paused, and worker presence (each ordinal's last call, ordinals without a
 worker, rows waiting ``assigned`` past a lease) are read from the store
 (``store.numbers``, what ``poolctl status`` shows); each pass's last scan and the
 queue depth from Redis (``tasks.liveness``, which reads the registry of passes). The
@@ -53,6 +53,11 @@ class StoreCollector:
             "poolkeeper_audit_events_written",
             "The audit trail's highest event id: events appended so far.",
             value=found.audit_events,
+        )
+        yield GaugeMetricFamily(
+            "poolkeeper_dispatch_paused",
+            "1 while an operator has paused dispatch (no new claims; claimed runs go on).",
+            value=int(found.dispatch.paused),
         )
         yield from _presence(found, time.time(), self.store.lease_seconds)
 

@@ -91,6 +91,13 @@ def status(data: dict[str, Any], pool_size: int) -> Table:
     table = Table(title="poolkeeper", show_header=False)
     table.add_column(no_wrap=True)
     table.add_column(overflow="fold")
+    d = data["dispatch"]
+    if d["paused"]:
+        since = f"{_utc(d['since'])} UTC" if d["since"] else "?"
+        paused = f"PAUSED by {d['by']} since {since}: {d['reason']} (no new claims; `poolctl resume`)"
+        table.add_row("dispatch", safe(paused, style="red"))
+    else:
+        table.add_row("dispatch", "running")
     for state, n in counts.items():
         table.add_row(f"rows {state}", str(n))
     table.add_row("free ordinals", f"{len(free)}/{pool_size} {free}")

@@ -12,7 +12,9 @@ and a board (tasks, runs, their rows). Every asset ships in the package
 Actions are a confirmation page (GET) and a form (POST) checked by
 ``console_auth`` before anything changes: requeue and abandon a row, cancel
 and unblock a board task, each the same function ``poolctl`` calls. After one,
-the browser is sent back to the page it acted on (POST, redirect, GET). Bad
+the browser is sent back to the page it acted on (POST, redirect, GET). Pausing
+and resuming dispatch (``/ui/dispatch``, a reason required to pause) are
+``store.pause``'s, as ``poolctl pause`` and ``resume``. Bad
 input or a refusal is one page with one sentence, never a traceback.
 """
 
@@ -57,7 +59,11 @@ HEADERS = {
 }
 ROW_ACTIONS = ("requeue", "abandon")
 TASK_ACTIONS = ("cancel", "unblock")
+DISPATCH_ACTIONS = ("pause", "resume")
 DONE = {
+    "pause": "Paused: no new claims from the board; every claimed run goes on.",
+    "resume": "Resumed: the next tick claims ready tasks again.",
+    "unchanged": "Unchanged: dispatch was already as asked.",
     "requeue": "Requeued: backoff and quarantine cleared; the next scan retries the row.",
     "abandon": "Abandoned: the run is parked on the board and the row is stale; its ordinal is free.",
     "cancel": "Cancelled: the task is done on the board and its live row, if any, is stale.",
@@ -108,6 +114,7 @@ class Screen:
             csrf_field=CSRF_FIELD,
             signed_in=not self.auth.local_only,
             poll=POLL_SECONDS,
+            can_act=True,
         )
         return HTMLResponse(views.render(template, **context), status, headers=HEADERS)
 
@@ -257,6 +264,26 @@ def board(screen: SignedIn, board: str = "", done: str = "") -> Response:
 @ui.get("/live/board", response_class=HTMLResponse)
 def board_live(screen: SignedIn, board: str = "") -> Response:
     return screen.page("_board.html", lambda: screen.pages.board(board, time.time()))
+
+
+@ui.get("/dispatch", response_class=HTMLResponse)
+def dispatch(screen: SignedIn, done: str = "") -> Response:
+    notice = DONE.get(done)
+    return screen.page("dispatch.html", lambda: {**screen.pages.dispatch(time.time()), "notice": notice})
+
+
+@ui.post("/dispatch/{action}", response_class=HTMLResponse)
+async def act_on_dispatch(screen: AnyScreen, action: str, form: CheckedForm) -> Response:
+    request = screen.request
+
+    def act() -> str:
+        if action not in DISPATCH_ACTIONS:
+            raise Refused(404, f"no action {action!r} on dispatch; one of {', '.join(DISPATCH_ACTIONS)}")
+        changed = screen.pages.act_on_dispatch(action, form.get("reason", ""), time.time())
+        log.warning("console: dispatch %s by the operator from %s", action, _client(request))
+        return f"/ui/dispatch?done={action if changed else 'unchanged'}"
+
+    return await screen.act(act)
 
 
 # --- signing in ------------------------------------------------------------------

@@ -65,6 +65,7 @@ def status(_: Operator, pool: Pool) -> Status:
         ordinals_without_worker=found.without_worker(now, pool.lease_seconds),
         waiting_assigned=[w.id for w in found.waiting_assigned(now, pool.lease_seconds)],
         worker_states=[s.value for s in found.worker_states(now, pool.lease_seconds).values()],
+        dispatch_paused=found.dispatch.paused,
     )
 
 

@@ -36,7 +36,7 @@ from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.client import PoolClient
 from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, free_port, wait_for
-from store import PoolStore
+from store import PoolStore, audit
 from tasks import failures, registry
 from tasks.liveness import queue_lists
 from tasks.plane import LocalCoordination, Plane, RedisCoordination
@@ -372,6 +372,33 @@ def test_abandon_from_the_page_parks_the_run_and_frees_the_ordinal(
     assert metric(driver, "ordinals.free") == "3" and metric(driver, "quarantined") == "0"
 
 
+def test_pause_and_resume_dispatch_from_the_page_with_a_reason(driver: WebDriver, console: Console) -> None:
+    signed_in(driver, console)
+    assert metric(driver, "dispatch") == "running" and driver.find_elements(By.ID, "paused-banner") == []
+    driver.find_element(By.ID, "dispatch-link").send_keys(Keys.ENTER)  # from the keyboard
+    until("the dispatch page", lambda: driver.current_url == f"{console.url}/ui/dispatch")
+    driver.find_element(By.ID, "reason").send_keys("deploy 42")
+    driver.find_element(By.ID, "confirm-pause").click()
+    until("the notice", lambda: "Paused" in driver.find_element(By.ID, "notice").text, driver=driver)
+    assert "deploy 42" in driver.find_element(By.ID, "paused-banner").text
+    status = json.loads(console.poolctl("status", "--json"))["dispatch"]
+    assert (status["paused"], status["reason"], status["by"]) == (True, "deploy 42", "operator")
+    history = driver.find_elements(By.CSS_SELECTOR, "#dispatch-history li")
+    assert [li.get_attribute("data-kind") for li in history] == ["pause"]
+
+    driver.get(f"{console.url}/ui")
+    assert (
+        metric(driver, "dispatch") == "paused"
+        and "deploy 42" in driver.find_element(By.ID, "paused-banner").text
+    )
+    driver.find_element(By.ID, "paused-more").click()
+    driver.find_element(By.ID, "confirm-resume").click()
+    until("the notice", lambda: "Resumed" in driver.find_element(By.ID, "notice").text, driver=driver)
+    assert json.loads(console.poolctl("status", "--json"))["dispatch"]["paused"] is False
+    history = driver.find_elements(By.CSS_SELECTOR, "#dispatch-history li")
+    assert [li.get_attribute("data-kind") for li in history] == ["resume", "pause"]  # newest first
+
+
 def test_a_board_task_is_unblocked_and_cancelled_from_the_board_page(
     driver: WebDriver, console: Console
 ) -> None:
@@ -593,8 +620,6 @@ def test_the_console_ships_its_assets(console: Console) -> None:
 
 
 def _last_event(console: Console, row: int) -> tuple[str, str]:
-    from store import audit
-
     with console.store.session(readonly=True) as s:
         last = audit.history(s, row)[-1]
     return last["kind"], last["actor"]
@@ -610,12 +635,14 @@ def test_every_console_action_is_attributed_to_the_operator(console: Console) ->
             (f"/ui/rows/{requeued}/requeue", {}),
             (f"/ui/rows/{abandoned}/abandon", {"reason": "gone"}),
             ("/ui/board/b/tasks/c1/cancel", {}),
+            ("/ui/dispatch/pause", {"reason": "incident"}),
         ):
             got = http.post(path, data={"csrf": csrf, **form})
             assert got.status_code == 303, got.text[-500:]
     assert _last_event(console, requeued) == ("requeue", "operator")
     assert _last_event(console, abandoned)[1] == "operator"
     assert _last_event(console, cancelled)[1] == "operator"
+    assert _last_event(console, audit.POOL) == ("pause", "operator")
 
 
 # Raw (already percent-encoded) values: non-ASCII digits and letters, NUL and other control characters,
@@ -660,6 +687,9 @@ GETS = [
     "/ui/board/{}/tasks/t1/cancel",
     "/ui/board/b/tasks/{}/cancel",
     "/ui/board/b/tasks/t1/{}",
+    "/ui/workers?x={}",
+    "/ui/live/workers?x={}",
+    "/ui/dispatch?done={}",
     "/ui/{}",
     "/ui/static/{}",
     "/ui/{}/x",
@@ -675,6 +705,8 @@ POSTS = [
     ("/ui/board/b/tasks/{}/unblock", "csrf={csrf}"),
     ("/ui/board/b/tasks/t1/{}", "csrf={csrf}"),
     ("/ui/board/b/tasks/t1/cancel", "csrf={}"),
+    ("/ui/dispatch/{}", "csrf={csrf}&reason=r"),
+    ("/ui/dispatch/pause", "csrf={csrf}&reason={}"),
     ("/ui/login", "token={}"),
     ("/ui/login", "token=x&next={}"),
     ("/ui/login", "next=/ui{}"),
