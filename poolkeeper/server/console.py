@@ -40,7 +40,7 @@ from core import validate
 from core.errors import InvalidInput, PoolError, ProtocolError
 from core.settings import Settings
 from poolkeeper.server import console_views as views
-from poolkeeper.server.console_auth import CSRF_FIELD, ConsoleAuth
+from poolkeeper.server.console_auth import CSRF_FIELD, VIEWER_REFUSED, ConsoleAuth, SignInRefused
 from poolkeeper.status import redis_reader
 from store import PoolStore
 
@@ -108,13 +108,15 @@ class Screen:
         self.fragment = request.url.path.startswith("/ui/live/")  # htmx keeps the last good one
 
     def render(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        role = self.auth.role(self.request)
         context.update(
             request=self.request,
             csrf=self.auth.csrf(self.request),
             csrf_field=CSRF_FIELD,
             signed_in=not self.auth.local_only,
             poll=POLL_SECONDS,
-            can_act=True,
+            role=role,
+            can_act=role == "operator",  # a viewer's pages show no action (and its forms are refused)
         )
         return HTMLResponse(views.render(template, **context), status, headers=HEADERS)
 
@@ -142,11 +144,11 @@ class Screen:
             return self.failure(*_classify(err))
         return RedirectResponse(target, 303, headers=HEADERS)
 
-    def refused_form(self, form: dict[str, str]) -> Response | None:
+    def refused_form(self, form: dict[str, str], *, acts: bool = True) -> Response | None:
         """The refusal page of a POST that may not act (bad input, ``console_auth.form_refusal``), or None."""
         if (why := _input_refusal(self.request, form)) is not None:
             return self.failure(422, f"{why} Nothing was changed.")
-        refusal = self.auth.form_refusal(self.request, form)
+        refusal = self.auth.form_refusal(self.request, form, acts=acts)
         if refusal is None:
             return None
         status, why = refusal
@@ -183,6 +185,16 @@ async def _signed_in(screen: Visitor) -> Screen:
 
 
 SignedIn = Annotated[Screen, Depends(_signed_in)]
+
+
+async def _operator(screen: SignedIn) -> Screen:
+    """The operator, signed in: a viewer reads every page but no action's (403, one sentence)."""
+    if screen.auth.role(screen.request) != "operator":
+        raise Answer(screen.failure(403, f"{VIEWER_REFUSED[0].upper()}{VIEWER_REFUSED[1:]}."))
+    return screen
+
+
+OperatorScreen = Annotated[Screen, Depends(_operator)]
 
 
 async def _posted(request: Request) -> dict[str, str]:
@@ -302,21 +314,26 @@ async def login(screen: AnyScreen, form: Form) -> Response:
         return screen.failure(422, why)
     target = _safe_next(form.get("next", "/ui"))
     auth = screen.auth
-    why = None if auth.local_only else auth.check_token(form.get("token", ""))
-    if why is not None:
+    response = RedirectResponse(target, 303, headers=HEADERS)
+    if auth.local_only:
+        return response
+    try:
+        role = auth.role_of(form.get("token", ""))
+    except SignInRefused as why:
         log.warning("console: sign-in refused from %s: %s", _client(request), why)
         context = {"next": target, "message": f"Refused: {why}.", "local_only": False}
         return screen.render("login.html", 401, **context)
-    response = RedirectResponse(target, 303, headers=HEADERS)
-    if not auth.local_only:
-        auth.start_session(request, response)
+    auth.start_session(request, response, role)
     return response
 
 
 @ui.post("/logout")
 async def logout(screen: AnyScreen, form: Form) -> Response:
     # a checked form, like any other, so no other site signs the operator out; signed out, nothing to end
-    if screen.auth.signed_in(screen.request) and (refused := screen.refused_form(form)) is not None:
+    if (
+        screen.auth.signed_in(screen.request)
+        and (refused := screen.refused_form(form, acts=False)) is not None
+    ):
         return refused
     response = RedirectResponse("/ui/login", 303, headers=HEADERS)
     screen.auth.end_session(screen.request, response)
@@ -327,7 +344,7 @@ async def logout(screen: AnyScreen, form: Form) -> Response:
 
 
 @ui.get("/rows/{row}/{action}", response_class=HTMLResponse)
-def confirm_row(screen: SignedIn, row: str, action: str) -> Response:
+def confirm_row(screen: OperatorScreen, row: str, action: str) -> Response:
     def build() -> dict[str, Any]:
         if action not in ROW_ACTIONS:
             raise Refused(404, f"no action {action!r} on a row; one of {', '.join(ROW_ACTIONS)}")
@@ -352,7 +369,7 @@ async def act_on_row(screen: AnyScreen, row: str, action: str, form: CheckedForm
 
 
 @ui.get("/board/{board}/tasks/{task}/{action}", response_class=HTMLResponse)
-def confirm_task(screen: SignedIn, board: str, task: str, action: str) -> Response:
+def confirm_task(screen: OperatorScreen, board: str, task: str, action: str) -> Response:
     def build() -> dict[str, Any]:
         if action not in TASK_ACTIONS:
             raise Refused(404, f"no action {action!r} on a task; one of {', '.join(TASK_ACTIONS)}")

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 from core import db
 from core.errors import PoolError
 from poolkeeper.server import errors
-from poolkeeper.server.deps import Operator, Pool
+from poolkeeper.server.deps import Pool, Reader
 from poolkeeper.server.models import ErrorBody, Health, Status
 from poolkeeper.server.protocol import refusals
 from store import PoolStore, numbers
@@ -52,8 +52,8 @@ def metrics(request: Request) -> Response:
 
 
 @router.get("/v1/status", response_model=Status, responses=refusals(403, 503), tags=["operator"])
-def status(_: Operator, pool: Pool) -> Status:
-    """Rows by state, free ordinals, quarantined rows, worker presence (operator token)."""
+def status(_: Reader, pool: Pool) -> Status:
+    """Rows by state, free ordinals, quarantined rows, worker presence, dispatch (operator or viewer)."""
     with pool.session(readonly=True) as s:
         found = numbers.read(s, pool.pool_size)
     now = time.time()

@@ -474,6 +474,64 @@ def test_a_missing_or_wrong_token_is_refused_and_changes_nothing(driver: WebDriv
     assert row_state(console.store, row) == before
 
 
+def test_a_viewer_reads_every_page_and_every_action_is_refused_and_changes_nothing(console: Console) -> None:
+    """The console's auth matrix for the viewer token: every page 200, every action 403, sign-out ok."""
+    row = console.quarantined_row()
+    console.kanban.add_task("b", "spare", task_id="t1")
+    before = row_state(console.store, row)
+    with httpx.Client(base_url=console.url) as http:
+        signed = http.post("/ui/login", data={"token": tokens.viewer_token(SECRET)})
+        assert signed.status_code == 303, signed.text[-300:]
+        pages = ["/ui", "/ui/workers", f"/ui/rows/{row}", "/ui/rows", "/ui/board", "/ui/dispatch"]
+        for page in pages:
+            got = http.get(page)
+            assert got.status_code == 200 and 'id="role"' in got.text, page  # says who is signed in
+            assert "action-requeue" not in got.text and "confirm-pause" not in got.text, page
+        for page in ("/ui/live/overview", "/ui/live/workers", f"/ui/live/rows/{row}", "/ui/live/board"):
+            got = http.get(page)
+            assert got.status_code == 200 and "action-requeue" not in got.text and "cancel-t1" not in got.text
+        csrf = _csrf(http.get("/ui").text)
+        for page in (f"/ui/rows/{row}/requeue", f"/ui/rows/{row}/abandon", "/ui/board/b/tasks/t1/cancel"):
+            got = http.get(page)
+            assert got.status_code == 403 and "changes nothing" in got.text, page
+        for path, form in (
+            (f"/ui/rows/{row}/requeue", {}),
+            (f"/ui/rows/{row}/abandon", {"reason": "x"}),
+            ("/ui/board/b/tasks/t1/cancel", {}),
+            ("/ui/board/b/tasks/t1/unblock", {}),
+            ("/ui/dispatch/pause", {"reason": "x"}),
+            ("/ui/dispatch/resume", {}),
+        ):
+            got = http.post(path, data={"csrf": csrf, **form})
+            assert got.status_code == 403 and "viewer reads everything and changes nothing" in got.text, path
+            assert "Nothing was changed" in got.text
+        assert row_state(console.store, row) == before
+        assert console.kanban.get_task("b", "t1").status is TaskStatus.READY  # type: ignore[union-attr]
+        assert json.loads(console.poolctl("status", "--json"))["dispatch"]["paused"] is False
+        assert http.post("/ui/logout", data={"csrf": csrf}).status_code == 303  # signing out is no change
+        assert http.get("/ui").status_code == 303
+
+
+def test_a_viewer_sees_no_action_in_the_browser(driver: WebDriver, console: Console) -> None:
+    row = console.quarantined_row()
+    console.kanban.add_task("b", "spare", task_id="t1")
+    sign_in(driver, console, token=tokens.viewer_token(SECRET), then=f"/ui/rows/{row}")
+    until("the row page", lambda: driver.current_url == f"{console.url}/ui/rows/{row}", driver=driver)
+    assert driver.find_element(By.ID, "role").text == "viewer"
+    assert driver.find_element(By.CSS_SELECTOR, '[data-field="quarantined"]').text == "quarantined"
+    assert driver.find_elements(By.CSS_SELECTOR, "#main .actions a") == []
+    assert "changes nothing" in driver.find_element(By.ID, "viewer-no-actions").text
+    driver.get(f"{console.url}/ui/board")
+    assert driver.find_elements(By.CSS_SELECTOR, "#main a.button") == []
+    driver.get(f"{console.url}/ui/dispatch")
+    assert driver.find_elements(By.CSS_SELECTOR, "#main form, #reason") == []
+    driver.get(f"{console.url}/ui/rows/{row}/requeue")  # typed in by hand: refused
+    assert "changes nothing" in message(driver) and driver.find_elements(By.ID, "confirm") == []
+    # the operator, on the same pages, has them
+    signed_in(driver, console, then=f"/ui/rows/{row}")
+    assert driver.find_elements(By.ID, "action-requeue") and driver.find_elements(By.ID, "role") == []
+
+
 # --- the numbers --------------------------------------------------------------------------
 
 
