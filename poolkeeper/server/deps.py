@@ -120,12 +120,16 @@ def not_a_child(who: Principal) -> None:
         raise Forbidden(f"a child token (of {who}) acts only on /v1/children for that grant, nothing else")
 
 
+def _may(who: Principal, allowed: bool, what: str) -> Principal:
+    not_a_child(who)
+    if not allowed:
+        raise Forbidden(f"a token of {who} cannot {what}")
+    return who
+
+
 async def operator(who: Caller) -> Principal:
     """The dependency of admin routes (the console checks the same token at sign-in)."""
-    not_a_child(who)
-    if not who.is_operator:
-        raise Forbidden(f"a token of {who} cannot take operator actions")
-    return who
+    return _may(who, who.is_operator, "take operator actions")
 
 
 Operator = Annotated[Principal, Depends(operator)]
@@ -133,10 +137,7 @@ Operator = Annotated[Principal, Depends(operator)]
 
 async def reader(who: Caller) -> Principal:
     """The dependency of admin reads: the operator, or a viewer (who changes nothing)."""
-    not_a_child(who)
-    if not who.may_read:
-        raise Forbidden(f"a token of {who} cannot read the pool's status")
-    return who
+    return _may(who, who.may_read, "read the pool's status")
 
 
 Reader = Annotated[Principal, Depends(reader)]
