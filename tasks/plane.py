@@ -6,10 +6,12 @@ Coordination is four small things kept in Redis, all of them advisory
 - row locks (and the ``dispatch`` lock): ``SET key token NX PX hold``, released only by
   their token;
 - pending markers: at most one queued message per (pass, key);
-- ordinal reservations: an ordinal promised to a claim that is on its way;
-- each Celery worker's and beat's beacon: ``Beacon`` stamps ``HSET <ns>:processes <name>``
-  every ``beacon_seconds``, so the console and ``poolctl status`` say which are online
-  and since when the others are gone (``tasks.liveness`` reads it).
+- ordinal reservations: an ordinal promised to a claim that is on its way.
+
+Beside them, not coordination but a report: each Celery worker's and beat's ``Beacon``
+stamps ``HSET <ns>:processes <name>`` every ``beacon_seconds``, so the console and
+``poolctl status`` say which are online and since when the others are gone
+(``tasks.liveness`` reads it).
 
 Whatever a process holds lives ``hold_seconds`` (half a tick) and is renewed by that
 process's ``Keeper`` while it lives, in one round trip for everything it holds, so what a
