@@ -3,20 +3,23 @@ beats of the namespace, by their beacons (``tasks.plane.Beacon``, read by ``task
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import fakeredis
 import redis
 from rich.console import Console
 
-from board import Board
+from board import Board, TaskStatus
 from core.settings import Settings
 from poolkeeper.cli import render
+from poolkeeper.embedded import wait_for
 from poolkeeper.status import snapshot
-from store import PoolStore, numbers
+from store import PoolStore, audit, numbers, pause
 from tasks import liveness, plane
 from tasks.plane import Beacon
 from tests.factories import NOW, OWNER, envelope
+from tests.helpers import PlaneEnv
 
 SETTINGS = Settings(namespace="workers", tick_seconds=5, reconcile_seconds=30, gc_seconds=3600)
 LEASE = 30.0  # the settings fixture's lease
@@ -102,3 +105,42 @@ def _text(renderable: Any, width: int = 200) -> str:
     console = Console(width=width, record=True, color_system=None)
     console.print(renderable)
     return console.export_text()
+
+
+def test_a_paused_plane_claims_nothing_and_says_so_once_then_claims_on_resume(env: PlaneEnv) -> None:
+    """Real Celery worker and beat: paused before they start, they serve a claimed run but claim no
+    new task; resumed, the next ticks claim them all. Their beacons say both are online."""
+    # Given a run claimed before the pause, and a paused store
+    env.kanban.add_task("b", "claimed before", task_id="before")
+    [claim] = env.kanban.claim_ready(1, assignee=env.settings.assignee, lane=env.settings.lane)
+    env.store.add_run(
+        board="b", task_id="before", run_id=claim.run_id, ordinal=0, payload={}, now=time.time()
+    )
+    with env.store.session() as s:
+        pause.pause(s, "deploy 42", now=time.time(), actor=audit.OPERATOR)
+    ids = env.add_tasks(3)
+    worker, _ = env.worker(), env.beat()
+    # When beat has sent dispatch many ticks
+    client = env.redis.client()
+
+    def scans_of_materialize() -> float:
+        found = {p.name: p.last for p in liveness.read(client, env.settings, time.time()).scans}
+        return found["materialize"] or 0.0
+
+    wait_for("a dispatch tick", scans_of_materialize, 60)
+    first = scans_of_materialize()
+    wait_for("ten more ticks", lambda: scans_of_materialize() > first + 10 * env.settings.tick_seconds, 60)
+    # Then nothing new was claimed, the claimed run is still served, and the plane said so once a process
+    assert {t.id for t in env.kanban.list_tasks("b", TaskStatus.READY)} == set(ids)
+    grant = env.store.offer(0, owner="pool-w0")
+    assert grant is not None and grant.task_id == "before"
+    said = worker.log.read_text().count("paused by operator: deploy 42")
+    assert 1 <= said <= 2, said  # once per worker process that ran dispatch (two children)
+    health = liveness.read(client, env.settings, time.time())
+    assert health.processes is not None
+    assert sorted((p.kind, p.online) for p in health.processes) == [("beat", True), ("worker", True)]
+
+    # And once resumed, the next ticks claim the tasks
+    with env.store.session() as s:
+        pause.resume(s, now=time.time(), actor=audit.OPERATOR)
+    wait_for("the tasks claimed", lambda: not env.kanban.list_tasks("b", TaskStatus.READY), 60)
