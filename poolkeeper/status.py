@@ -4,9 +4,10 @@
 store gauges of ``/metrics``, so none of them can disagree: rows by state, ordinals
 (free, held by a healthy live row, held by a quarantined one), the oldest
 ``lease_failed`` row, live child executions, audit events written, each ordinal's last
-worker call (and which have had none for longer than a lease), the ``assigned`` rows
-that have waited longer than a lease; then board tasks
-by status, and from Redis each pass's last scan, beat liveness and the queue depth
+worker call, what it holds and its state (``polling``, ``busy``, or ``gone`` when it has
+had no call for longer than a lease), the ``assigned`` rows that have waited longer than
+a lease, whether dispatch is paused; then board tasks by status, and from Redis each pass's last scan, beat
+liveness, the queue depth and the Celery workers and beats by their beacons
 (``tasks.liveness``; ``None`` when Redis does not answer).
 """
 
@@ -18,7 +19,7 @@ import redis
 
 from board import Board
 from core.settings import Settings
-from store import PoolStore, numbers
+from store import PoolStore, numbers, pause
 from store.models import LIVE_STATES, TERMINAL_STATES
 from tasks import liveness
 
@@ -55,6 +56,7 @@ def snapshot(
         "ordinals": found.ordinals,
         "live_children": found.live_children,
         "audit_events": found.audit_events,
+        "dispatch": dispatch_view(found.dispatch, now),
         **presence_view(found, now, store.lease_seconds),
         "board": board_counts,
         **plane.as_json(now),
@@ -62,14 +64,19 @@ def snapshot(
 
 
 def presence_view(found: numbers.PoolNumbers, now: float, lease_seconds: float) -> dict[str, Any]:
-    """Worker presence as plain values: per ordinal its last call, and what waits longer than a lease."""
+    """Worker presence as plain values: per ordinal its last call, what it holds and its state,
+    and what waits longer than a lease."""
+    states = found.worker_states(now, lease_seconds)
     return {
         "presence": [
             {
                 "ordinal": p.ordinal,
                 "owner": p.owner,
                 "call": p.call,
+                "at": p.at,
                 "age_seconds": None if p.at is None else round(now - p.at, 1),
+                "state": states[p.ordinal].value,
+                "holds": _holds(found.held.get(p.ordinal)),
             }
             for p in found.presence
         ],
@@ -80,6 +87,23 @@ def presence_view(found: numbers.PoolNumbers, now: float, lease_seconds: float) 
         ],
         "lease_seconds": lease_seconds,
     }
+
+
+def dispatch_view(d: pause.Pause, now: float) -> dict[str, Any]:
+    """Whether dispatch is paused (no new claims), by whom, why and for how long."""
+    return {
+        "paused": d.paused,
+        "reason": d.reason,
+        "by": d.actor,
+        "since": d.since,
+        "since_seconds": None if d.since is None else round(now - d.since, 1),
+    }
+
+
+def _holds(h: Any) -> dict[str, Any] | None:
+    if h is None:
+        return None
+    return {"row": h.id, "board": h.board, "task_id": h.task_id, "run_id": h.run_id, "state": h.state}
 
 
 def row_view(r: Any) -> dict[str, Any]:

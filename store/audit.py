@@ -30,6 +30,8 @@ E = AuditEvent
 MAX_DETAIL_CHARS = 500
 MAX_ACTOR_CHARS = 64
 OPERATOR = "operator"
+# The row id of a pool-wide event (``pause``, ``resume``): row ids start at 1, so it is no row's.
+POOL = 0
 # The default of every writer's ``actor``: code that predates the trail (store.worker, the
 # benches, branches in flight) keeps working and says so, rather than being given a guess.
 # The plane and the operator paths always name themselves (tests/store/test_audit.py holds them to it).

@@ -233,6 +233,8 @@ class EventKind(StrEnum):
     FAILURE = "failure"  # a maintenance step failed on the row (backoff)
     QUARANTINE = "quarantine"  # the failure that reached the threshold
     CHILDREN_RETIRED = "children_retired"  # the grant's end retired live child executions
+    PAUSE = "pause"  # an operator paused dispatch (pool-wide: row id 0, ``audit.POOL``)
+    RESUME = "resume"  # an operator resumed dispatch (pool-wide)
 
 
 EVENT_KIND_CHECK_SQL = "kind IN (" + ", ".join(f"'{k.value}'" for k in EventKind) + ")"
@@ -306,6 +308,27 @@ class OrdinalPresence(Base):
     at: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (CheckConstraint(CALL_CHECK_SQL, name="call"),)
+
+
+class DispatchPause(Base):
+    """Whether dispatch is paused (drain mode): one row, with the operator's reason, who and since when.
+
+    While paused, dispatch claims nothing new from the board; everything already claimed
+    runs and is maintained as ever (``store.pause``; docs/design.md, "Pause").
+    """
+
+    __tablename__ = "dispatch_pause"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    reason: Mapped[str | None] = mapped_column(Text)
+    actor: Mapped[str | None] = mapped_column(String(64))
+    since: Mapped[float | None] = mapped_column(Float)  # when it was paused (or last resumed)
+
+    __table_args__ = (
+        CheckConstraint("id = 1", name="single_row"),
+        CheckConstraint("NOT paused OR (reason IS NOT NULL AND since IS NOT NULL)", name="paused_has_reason"),
+    )
 
 
 metadata = Base.metadata

@@ -160,6 +160,23 @@ def assigned_since(s: Session) -> list[Waiting]:
     return [Waiting(*r) for r in s.execute(stmt)]
 
 
+class Held(NamedTuple):
+    """What holds an ordinal: its live row's id, run and state."""
+
+    ordinal: int
+    id: int
+    board: str
+    task_id: str
+    run_id: int
+    state: str
+
+
+def held(s: Session) -> list[Held]:
+    """The live rows' identities, by ordinal (at most one per ordinal, so at most the pool size)."""
+    stmt = select(A.ordinal, A.id, A.board, A.task_id, A.run_id, A.state).where(A.state.in_(_LIVE))
+    return [Held(*r) for r in s.execute(stmt.order_by(A.ordinal))]
+
+
 def live_rows(s: Session) -> list[Assignment]:
     """The rows holding an ordinal (at most one per ordinal, so at most the pool size)."""
     return list(s.scalars(select(A).where(A.state.in_(_LIVE)).order_by(A.ordinal)))

@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -178,6 +179,7 @@ class CheckedScheduler(PersistentScheduler):  # type: ignore[misc]  # celery shi
         _refuse_unless_ready(SETTINGS)
         os.makedirs(os.path.dirname(os.path.abspath(self.schedule_filename)), mode=0o700, exist_ok=True)
         super().setup_schedule()
+        planes.Beacon.start(SETTINGS, "beat", f"beat@{socket.gethostname()}")
         if threading.current_thread() is threading.main_thread():  # an embedded beat keeps its host's
             signal.signal(signal.SIGTERM, self._stop)
             signal.signal(signal.SIGINT, self._stop)
@@ -271,7 +273,10 @@ def _worker_start(sender: Any = None, **_: Any) -> None:
 
 
 @worker_ready.connect
-def _worker_serving(**_: Any) -> None:
+def _worker_serving(sender: Any = None, **_: Any) -> None:
+    # The main process's beacon: the console's workers page says it is online (tasks.liveness).
+    name = getattr(sender, "hostname", None) or f"celery@{socket.gethostname()}"
+    planes.Beacon.start(SETTINGS, "worker", name)
     # Logged here, not in worker_init: only now has Celery set up logging.
     if SETTINGS.metrics_port:
         log.info("metrics on http://%s:%d/metrics", SETTINGS.http_host, SETTINGS.metrics_port)

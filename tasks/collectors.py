@@ -2,13 +2,13 @@
 
 The top floor of the metrics: rows by state, the quarantined count, the ordinals
 (free, held, held by a quarantined row), the age of the oldest ``lease_failed``
-row, the live child executions and the audit events written, and worker presence
-(each ordinal's last call, ordinals without a worker, rows waiting ``assigned``
-past a lease) are read from the store (``store.numbers``, what ``poolctl status``
-shows); each pass's last scan, whether it is late, and the queue depth from Redis
-(``tasks.liveness``, which reads the registry of passes). The counters the passes
-bump live below, in ``tasks.metrics``, which imports nothing of the plane: a pass
-importing its counter never reaches back up here.
+row, the live child executions and the audit events written, whether dispatch is
+paused, and worker presence (each ordinal's last call, ordinals without a worker,
+rows waiting ``assigned`` past a lease) are read from the store (``store.numbers``,
+what ``poolctl status`` shows); each pass's last scan, whether it is late, and the
+queue depth from Redis (``tasks.liveness``, which reads the registry of passes). The
+counters the passes bump live below, in ``tasks.metrics``, which imports nothing of
+the plane: a pass importing its counter never reaches back up here.
 """
 
 from __future__ import annotations
@@ -61,6 +61,11 @@ class StoreCollector:
             "poolkeeper_audit_events_written",
             "The audit trail's highest event id: events appended so far.",
             value=found.audit_events,
+        )
+        yield GaugeMetricFamily(
+            "poolkeeper_dispatch_paused",
+            "1 while an operator has paused dispatch (no new claims; claimed runs go on).",
+            value=int(found.dispatch.paused),
         )
         yield from _presence(found, now, self.store.lease_seconds)
 

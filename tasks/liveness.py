@@ -17,7 +17,9 @@ minute ago would otherwise keep beat "alive" for hours after beat died, and a
 beat just started has not run it yet. The queue depth counts messages
 waiting in ``<POOL_NAMESPACE>.maintenance`` (kombu keeps one list per priority
 step; messages a worker already holds, such as retries with a countdown, are
-not waiting). When Redis does not answer every one of these is ``None``
+not waiting). Each Celery worker and beat of the namespace stamps its own beacon
+(``tasks.plane.Beacon``); one is online while its last stamp is within ``LATE_AFTER``
+beacon intervals, else gone since that stamp. When Redis does not answer every one of these is ``None``
 ("unknown") and ``error`` says why; reading never raises.
 """
 
@@ -30,7 +32,7 @@ import redis
 from core.db import mask_url
 from core.settings import Settings
 from tasks import registry
-from tasks.plane import queue_name, scans_key, worker_redis_url
+from tasks.plane import beacon_seconds, processes_key, queue_name, scans_key, stamped, worker_redis_url
 
 LATE_AFTER = 3.0  # intervals without a scan before a pass counts as not scanning
 # kombu's Redis transport: a queue is one list per priority step, named queue + SEP + step (0: bare name)
@@ -54,11 +56,22 @@ class PassScan:
 
 
 @dataclass(frozen=True)
+class ProcessSeen:
+    """A Celery worker or beat of this namespace, by its beacon."""
+
+    name: str
+    kind: str  # "worker" or "beat"
+    last: float | None  # its last stamp (None: unreadable)
+    online: bool  # stamped within LATE_AFTER beacon intervals; else gone since ``last``
+
+
+@dataclass(frozen=True)
 class PlaneHealth:
     scans: tuple[PassScan, ...]
     queue_depth: int | None
     beat_alive: bool | None
     error: str | None = None  # why the rest is unknown
+    processes: tuple[ProcessSeen, ...] | None = None  # None: Redis did not answer
 
     def as_json(self, now: float) -> dict[str, object]:
         return {
@@ -74,6 +87,18 @@ class PlaneHealth:
                 }
                 for p in self.scans
             },
+            "processes": None
+            if self.processes is None
+            else [
+                {
+                    "name": p.name,
+                    "kind": p.kind,
+                    "last": p.last,
+                    "age_seconds": None if p.last is None else round(max(0.0, now - p.last), 1),
+                    "online": p.online,
+                }
+                for p in self.processes
+            ],
         }
 
 
@@ -98,9 +123,10 @@ def read(client: redis.Redis | None, settings: Settings, now: float, *, error: s
     try:
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(scans_key(settings.namespace))
+        pipe.hgetall(processes_key(settings.namespace))
         for name in queue_lists(settings):
             pipe.llen(name)
-        stamps, *lengths = pipe.execute()
+        stamps, beacons, *lengths = pipe.execute()
     except (redis.RedisError, OSError) as err:
         where = mask_url(worker_redis_url(settings))
         return PlaneHealth(unknown.scans, None, None, f"redis at {where}: {type(err).__name__}: {err}")
@@ -109,7 +135,19 @@ def read(client: redis.Redis | None, settings: Settings, now: float, *, error: s
         last = _number(stamps.get(name.encode()))
         late = last is None or now - last > LATE_AFTER * interval
         scans.append(PassScan(name, interval, last, late))
-    return PlaneHealth(tuple(scans), sum(int(n) for n in lengths), beat_alive(scans, settings))
+    depth, seen = sum(int(n) for n in lengths), processes(beacons, settings, now)
+    return PlaneHealth(tuple(scans), depth, beat_alive(scans, settings), None, seen)
+
+
+def processes(beacons: dict[bytes, bytes], settings: Settings, now: float) -> tuple[ProcessSeen, ...]:
+    """The beacons as workers and beats, beats first, each online or gone since its last stamp."""
+    online_within = LATE_AFTER * beacon_seconds(settings)
+    found = []
+    for raw_name, raw in beacons.items():
+        kind, last = stamped(raw)
+        online = last is not None and now - last <= online_within
+        found.append(ProcessSeen(raw_name.decode(errors="replace"), kind, last, online))
+    return tuple(sorted(found, key=lambda p: (p.kind != "beat", p.name)))
 
 
 def beat_alive(scans: list[PassScan], settings: Settings) -> bool:

@@ -1,7 +1,9 @@
 """Materialize claim (its scanner is dispatch, which makes the claims).
 
 Dispatch (one at a time, plane-wide) claims at most as many ready tasks as
-there are free, unreserved ordinals, reserving one ordinal per claim. Storage
+there are free, unreserved ordinals, reserving one ordinal per claim; while an
+operator has paused it (``store.pause``, drain mode) it claims nothing, said once
+per pause, and every run already claimed goes on as ever. Storage
 faults are absorbed (the next tick tries again); anything else is a
 programming error (the board API changed) and surfaces loudly. Reconcile
 hands over the orphaned runs it finds through ``hand_over`` too, so there is
@@ -26,6 +28,7 @@ Returns: ``added``, ``duplicate``, ``parked``, ``vanished`` or ``moved_on``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +36,7 @@ from board import BoardTask, TaskStatus
 from core import validate
 from core.db import is_transient
 from core.errors import CapabilityError, InvalidInput, OrdinalTaken, TransientError
-from store import audit, queries, transitions
+from store import audit, pause, queries, transitions
 from store.models import TERMINAL_STATES
 from tasks import failures
 from tasks.declaration import Lock, Outcome, Pass, Submit
@@ -121,9 +124,15 @@ def dispatch(plane: Plane, now: float, submit: Submit) -> int:
         return 0
     try:
         try:
-            reserved = reserve_free(plane, plane.settings.pool_size)
+            with plane.store.session(readonly=True) as s:
+                held = pause.read(s)
+            reserved = [] if held.paused else reserve_free(plane, plane.settings.pool_size)
         except TransientError as err:
             failures.reporter.once("dispatch", "all", f"store or redis busy, next tick: {err}")
+            return 0
+        if held.paused:  # once per pause: the reporter forgets it when a claim succeeds again
+            why = f"paused by {held.actor}: {held.reason}; claiming nothing until `poolctl resume`"
+            failures.reporter.once("dispatch", "all", why, logging.INFO)
             return 0
         try:
             claims = plane.board.claim_ready(

@@ -8,6 +8,11 @@ Coordination is four small things kept in Redis, all of them advisory
 - pending markers: at most one queued message per (pass, key);
 - ordinal reservations: an ordinal promised to a claim that is on its way.
 
+Beside them, not coordination but a report: each Celery worker's and beat's ``Beacon``
+stamps ``HSET <ns>:processes <name>`` every ``beacon_seconds``, so the console and
+``poolctl status`` say which are online and since when the others are gone
+(``tasks.liveness`` reads it).
+
 Whatever a process holds lives ``hold_seconds`` (half a tick) and is renewed by that
 process's ``Keeper`` while it lives, in one round trip for everything it holds, so what a
 dead process held is free again within half a tick. A marker or a reservation that stands
@@ -249,6 +254,76 @@ class Keeper:
             self.renew()
 
 
+# A process's beacon: how many names the hash keeps, and for how long a gone one is still shown.
+MAX_PROCESSES = 64
+FORGET_PROCESS_SECONDS = 24 * 3600.0
+
+
+def beacon_seconds(settings: Settings) -> float:
+    """How often a worker or beat stamps its beacon: every tick (at least a second)."""
+    return max(settings.tick_seconds, MIN_HOLD_SECONDS)
+
+
+class Beacon:
+    """A Celery worker's or beat's own heartbeat: ``HSET <ns>:processes <name> "<kind> <epoch>"``.
+
+    One hash field per process name, written from a daemon thread of the process's own
+    (a killed process stops stamping with it), so the stamp outlives the process: a
+    reader says "gone since" its last stamp. The hash is kept bounded by the writers:
+    past ``MAX_PROCESSES`` names, or for names silent for ``FORGET_PROCESS_SECONDS``, the
+    oldest go. Redis trouble is logged at debug and tried again at the next stamp.
+    """
+
+    def __init__(self, client: redis.Redis, settings: Settings, kind: str, name: str) -> None:
+        self.client = client
+        self.key, self.kind, self.name = processes_key(settings.namespace), kind, name
+        self.every = beacon_seconds(settings)
+        self.stamps = 0
+
+    def stamp(self, now: float) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(self.key, self.name, f"{self.kind} {now!r}")
+        pipe.hlen(self.key)
+        _, size = pipe.execute()
+        self.stamps += 1
+        if size > MAX_PROCESSES or self.stamps % 100 == 1:  # the cleanup reads the whole hash: seldom
+            self.forget_old(now)
+
+    def forget_old(self, now: float) -> None:
+        seen = sorted((stamped(v)[1] or 0.0, k) for k, v in self.client.hgetall(self.key).items())
+        old = [k for at, k in seen if now - at > FORGET_PROCESS_SECONDS]
+        kept = len(seen) - len(old)
+        old += [k for _, k in seen[len(old) :][: max(0, kept - MAX_PROCESSES)]]
+        if old:
+            self.client.hdel(self.key, *old)
+
+    @classmethod
+    def start(cls, settings: Settings, kind: str, name: str) -> Beacon:
+        """This process's beacon, stamping from a daemon thread (short Redis timeouts)."""
+        url = worker_redis_url(settings)
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        beacon = cls(client, settings, kind, name)
+        threading.Thread(target=beacon._run, name="poolkeeper-beacon", daemon=True).start()
+        return beacon
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.stamp(time.time())
+            except (redis.RedisError, OSError) as err:
+                log.debug("beacon: stamp failed: %s", err)
+            time.sleep(self.every)
+
+
+def stamped(raw: bytes | str) -> tuple[str, float | None]:
+    """A beacon's value read back: its kind and epoch (someone else's value: "?", None)."""
+    kind, _, at = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).partition(" ")
+    try:
+        return kind, float(at)
+    except ValueError:
+        return "?", None
+
+
 class RedisCoordination:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.r = client
@@ -466,6 +541,11 @@ def queue_name(settings: Settings) -> str:
 def scans_key(namespace: str) -> str:
     """The hash of each pass's last scan (``tasks.liveness``)."""
     return f"{namespace}:scans"
+
+
+def processes_key(namespace: str) -> str:
+    """The hash of each Celery worker's and beat's last beacon (``Beacon``)."""
+    return f"{namespace}:processes"
 
 
 def process_task(settings: Settings) -> str:

@@ -24,7 +24,7 @@ from poolkeeper.embedded import RedisServer, ServeProc, wait_for
 from store import PoolStore, queries
 from tasks import failures, registry
 from tasks.maintain import maintain_once
-from tasks.plane import Plane, RedisCoordination
+from tasks.plane import Beacon, Plane, RedisCoordination
 from tests import browser
 
 SECRET = "screenshot-secret-" + "0123456789abcdef" * 3
@@ -57,6 +57,10 @@ def seed(settings: Settings, store: PoolStore, kanban: Board, redis: RedisServer
         parked.board, parked.task_id, "exit code 2: credentials expired", "capability", parked.run_id
     )
     kanban.add_task("payments", "Migrate legacy accounts", task_id="pay-900", lane="manual")
+    now = time.time()
+    for kind, name, at in (("beat", "beat@ops-1", now), ("worker", "maint@ops-1", now),
+                           ("worker", "maint@ops-2", now - 600)):  # fmt: skip
+        Beacon(redis.client(), settings, kind, name).stamp(at)  # one worker host went away
     return poisoned
 
 
@@ -92,6 +96,7 @@ def main(outdir: Path) -> None:
                 ("/ui", "console-overview-dark.png", "dark"),
                 (f"/ui/rows/{row}", "console-row.png", "light"),
                 ("/ui/board", "console-board.png", "light"),
+                ("/ui/workers", "console-workers.png", "light"),
             ]
             for path, name, scheme in shots:
                 browser.color_scheme(driver, scheme)

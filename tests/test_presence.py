@@ -94,7 +94,16 @@ def test_status_warns_of_ordinals_without_a_worker_and_runs_waiting_assigned(
     data = snapshot(store, kanban, settings, None, later)
     assert data["ordinals_without_worker"] == [1, 2]
     assert [(w["ordinal"], w["waited_seconds"]) for w in data["waiting_assigned"]] == [(1, 31.0), (2, 31.0)]
-    assert data["presence"][0] == {"ordinal": 0, "owner": OWNER, "call": "offer", "age_seconds": 1.0}
+    assert data["presence"][0] == {
+        "ordinal": 0,
+        "owner": OWNER,
+        "call": "offer",
+        "at": later - 1,
+        "age_seconds": 1.0,
+        "state": "busy",
+        "holds": {"row": 1, "board": "b", "task_id": "t0", "run_id": 1, "state": "running"},
+    }
+    assert [p["state"] for p in data["presence"]] == ["busy", "gone", "gone"]
     shown = _text(render.status(data, store.pool_size))
     assert "ordinal 1 worker" in shown and "no worker for over a lease" in shown
     assert "assigned longer than a lease" in shown and "row 2 on ordinal 1" in shown
@@ -113,6 +122,7 @@ def test_v1_status_and_the_gauges_say_which_ordinals_have_no_worker(store: PoolS
     status = probes.status(None, store)  # type: ignore[arg-type]  # the operator check is the router's
     assert status.ordinals_without_worker == [1, 2]
     assert status.waiting_assigned == [2, 3]
+    assert status.worker_states == ["busy", "gone", "gone"]
 
     gauges = {m.name: m for m in StoreCollector(store).collect()}
     seen = {s.labels["ordinal"]: s.value for s in gauges["poolkeeper_ordinal_last_seen_seconds"].samples}

@@ -91,6 +91,13 @@ def status(data: dict[str, Any], pool_size: int) -> Table:
     table = Table(title="poolkeeper", show_header=False)
     table.add_column(no_wrap=True)
     table.add_column(overflow="fold")
+    d = data["dispatch"]
+    if d["paused"]:
+        since = f"{_utc(d['since'])} UTC" if d["since"] else "?"
+        paused = f"PAUSED by {d['by']} since {since}: {d['reason']} (no new claims; `poolctl resume`)"
+        table.add_row("dispatch", safe(paused, style="red"))
+    else:
+        table.add_row("dispatch", "running")
     for state, n in counts.items():
         table.add_row(f"rows {state}", str(n))
     table.add_row("free ordinals", f"{len(free)}/{pool_size} {free}")
@@ -112,19 +119,38 @@ def status(data: dict[str, Any], pool_size: int) -> Table:
         age = scan["age_seconds"]
         seen = "unknown" if scan["late"] is None else "never" if age is None else f"{age:.0f}s ago"
         table.add_row(f"last scan {name}", seen + (" (late)" if scan["late"] and age is not None else ""))
+    _processes(table, data, unknown)
     for st, n in data["board"].items():
         table.add_row(safe(f"board {st}"), str(n))
     return table
+
+
+def _processes(table: Table, data: dict[str, Any], unknown: Text) -> None:
+    """The Celery workers and beats of the namespace, by their beacons: online, or gone since when."""
+    found = data["processes"]
+    if found is None:
+        table.add_row("celery workers and beats", unknown)
+        return
+    if not found:
+        table.add_row("celery workers and beats", Text("none seen", style="red"))
+    for p in found:
+        age = "?" if p["age_seconds"] is None else f"{p['age_seconds']:.0f}s ago"
+        since = "?" if p["last"] is None else _utc(p["last"])
+        state = f"online (stamped {age})" if p["online"] else f"GONE since {since} UTC ({age})"
+        style = "" if p["online"] else "red"
+        table.add_row(safe(f"celery {p['kind']} {p['name']}"), safe(state, style=style))
 
 
 def _presence(table: Table, data: dict[str, Any]) -> None:
     """Each ordinal's last worker call; a warning for ordinals without one for over a lease."""
     lease, missing = data["lease_seconds"], set(data["ordinals_without_worker"])
     for p in data["presence"]:
-        age = p["age_seconds"]
+        age, h = p["age_seconds"], p["holds"]
         seen = "no worker call seen" if age is None else f"{p['call']} {age:.0f}s ago by {p['owner'] or '?'}"
+        holds = f", holds row {h['row']} ({h['board']}/{h['task_id']} run {h['run_id']})" if h else ""
         warn = f" (WARNING: no worker for over a lease, {lease:.0f}s)" if p["ordinal"] in missing else ""
-        table.add_row(f"ordinal {p['ordinal']} worker", safe(seen + warn, style="red" if warn else ""))
+        shown = f"{p['state']}: {seen}{holds}{warn}"
+        table.add_row(f"ordinal {p['ordinal']} worker", safe(shown, style="red" if warn else ""))
     waiting = data["waiting_assigned"]
     listed = ", ".join(f"row {w['id']} on ordinal {w['ordinal']} {w['waited_seconds']:.0f}s" for w in waiting)
     flag = Text(f"WARNING: {listed} (no worker takes them)", style="red") if waiting else Text("-")

@@ -1,4 +1,4 @@
-"""The pool store's commands: init, status, rows, requeue, abandon, maintain, demo."""
+"""The pool store's commands: init, status, rows, requeue, abandon, pause, resume, maintain, demo."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from poolkeeper.cli.base import (
     app,
     out,
 )
-from store import audit, lineage, queries, transitions
+from store import audit, lineage, pause, queries, transitions
 from store import rows as rows_
 from store.models import RowState
 
@@ -152,6 +152,30 @@ def abandon(
             pool,
         )
     )
+
+
+@app.command(name="pause")
+def pause_dispatch(
+    reason: Annotated[str, typer.Option(help="Why (kept in the audit trail and shown by `status`).")],
+) -> None:
+    """Pause dispatch (drain mode): no new claims; every claimed run still runs and is maintained."""
+    with _store("write").session() as s:
+        changed = pause.pause(s, reason, now=time.time(), actor=audit.OPERATOR)
+        now = pause.read(s)
+    if changed:
+        out.print(
+            render.line("dispatch paused: {} (claimed runs go on; `poolctl resume` ends it)", now.reason)
+        )
+    else:
+        out.print(render.line("dispatch was already paused: {} (unchanged)", now.reason))
+
+
+@app.command(name="resume")
+def resume_dispatch() -> None:
+    """Resume dispatch after `poolctl pause`: the next tick claims ready tasks again."""
+    with _store("write").session() as s:
+        changed = pause.resume(s, now=time.time(), actor=audit.OPERATOR)
+    out.print("dispatch resumed" if changed else "dispatch was not paused (unchanged)")
 
 
 @app.command()

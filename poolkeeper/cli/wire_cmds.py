@@ -63,19 +63,25 @@ def token(
         int | None, typer.Option(min=0, help="The ordinal whose worker token to print.")
     ] = None,
     operator: Annotated[bool, typer.Option("--operator", help="Print the operator token.")] = False,
+    viewer: Annotated[
+        bool, typer.Option("--viewer", help="Print the viewer token (reads everything, changes nothing).")
+    ] = False,
 ) -> None:
-    """Print a bearer token derived from POOL_SERVER_SECRET (a worker's, or the operator's)."""
+    """Print a bearer token derived from POOL_SERVER_SECRET (a worker's, the operator's or the viewer's)."""
     from poolkeeper import tokens
 
     settings = _settings()
-    if (ordinal is None) == (not operator):
-        raise InvalidInput("token", "give exactly one of --ordinal N and --operator")
+    if [ordinal is not None, operator, viewer].count(True) != 1:
+        raise InvalidInput("token", "give exactly one of --ordinal N, --operator and --viewer")
     if not settings.server_secret:
         raise SettingsError("POOL_SERVER_SECRET (or POOL_SERVER_SECRET_FILE) is not set: no token to derive")
     if ordinal is not None and ordinal >= settings.pool_size:
         raise InvalidInput("--ordinal", f"must be below POOL_SIZE ({settings.pool_size}), got {ordinal}")
     secret = settings.server_secret
-    print(tokens.operator_token(secret) if ordinal is None else tokens.ordinal_token(secret, ordinal))
+    if ordinal is not None:
+        print(tokens.ordinal_token(secret, ordinal))
+    else:
+        print(tokens.operator_token(secret) if operator else tokens.viewer_token(secret))
 
 
 @app.command()

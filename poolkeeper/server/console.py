@@ -3,7 +3,8 @@
 Server-rendered pages (Jinja2, autoescaped) whose live parts are fragments that
 htmx polls and swaps in place, without a reload: the overview (the numbers of
 ``poolctl status --json``, from the same ``poolkeeper.status.snapshot``, plus
-each ordinal's row, quarantined rows and lease failures), a row (identity,
+each ordinal's row, quarantined rows and lease failures), the workers (each
+ordinal's pool worker, the Celery workers and beats by their beacons), a row (identity,
 digests, errors, children, its audit history as a timeline), rows by state,
 and a board (tasks, runs, their rows). Every asset ships in the package
 (``static/``): no CDN, no build step.
@@ -11,7 +12,9 @@ and a board (tasks, runs, their rows). Every asset ships in the package
 Actions are a confirmation page (GET) and a form (POST) checked by
 ``console_auth`` before anything changes: requeue and abandon a row, cancel
 and unblock a board task, each the same function ``poolctl`` calls. After one,
-the browser is sent back to the page it acted on (POST, redirect, GET). Bad
+the browser is sent back to the page it acted on (POST, redirect, GET). Pausing
+and resuming dispatch (``/ui/dispatch``, a reason required to pause) are
+``store.pause``'s, as ``poolctl pause`` and ``resume``. Bad
 input or a refusal is one page with one sentence, never a traceback.
 """
 
@@ -37,7 +40,7 @@ from core import validate
 from core.errors import InvalidInput, PoolError, ProtocolError
 from core.settings import Settings
 from poolkeeper.server import console_views as views
-from poolkeeper.server.console_auth import CSRF_FIELD, ConsoleAuth
+from poolkeeper.server.console_auth import CSRF_FIELD, VIEWER_REFUSED, ConsoleAuth, SignInRefused
 from poolkeeper.status import redis_reader
 from store import PoolStore
 
@@ -56,7 +59,11 @@ HEADERS = {
 }
 ROW_ACTIONS = ("requeue", "abandon")
 TASK_ACTIONS = ("cancel", "unblock")
+DISPATCH_ACTIONS = ("pause", "resume")
 DONE = {
+    "pause": "Paused: no new claims from the board; every claimed run goes on.",
+    "resume": "Resumed: the next tick claims ready tasks again.",
+    "unchanged": "Unchanged: dispatch was already as asked.",
     "requeue": "Requeued: backoff and quarantine cleared; the next scan retries the row.",
     "abandon": "Abandoned: the run is parked on the board and the row is stale; its ordinal is free.",
     "cancel": "Cancelled: the task is done on the board and its live row, if any, is stale.",
@@ -101,12 +108,15 @@ class Screen:
         self.fragment = request.url.path.startswith("/ui/live/")  # htmx keeps the last good one
 
     def render(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        role = self.auth.role(self.request)
         context.update(
             request=self.request,
             csrf=self.auth.csrf(self.request),
             csrf_field=CSRF_FIELD,
             signed_in=not self.auth.local_only,
             poll=POLL_SECONDS,
+            role=role,
+            can_act=role == "operator",  # a viewer's pages show no action (and its forms are refused)
         )
         return HTMLResponse(views.render(template, **context), status, headers=HEADERS)
 
@@ -134,11 +144,11 @@ class Screen:
             return self.failure(*_classify(err))
         return RedirectResponse(target, 303, headers=HEADERS)
 
-    def refused_form(self, form: dict[str, str]) -> Response | None:
+    def refused_form(self, form: dict[str, str], *, acts: bool = True) -> Response | None:
         """The refusal page of a POST that may not act (bad input, ``console_auth.form_refusal``), or None."""
         if (why := _input_refusal(self.request, form)) is not None:
             return self.failure(422, f"{why} Nothing was changed.")
-        refusal = self.auth.form_refusal(self.request, form)
+        refusal = self.auth.form_refusal(self.request, form, acts=acts)
         if refusal is None:
             return None
         status, why = refusal
@@ -175,6 +185,16 @@ async def _signed_in(screen: Visitor) -> Screen:
 
 
 SignedIn = Annotated[Screen, Depends(_signed_in)]
+
+
+async def _operator(screen: SignedIn) -> Screen:
+    """The operator, signed in: a viewer reads every page but no action's (403, one sentence)."""
+    if screen.auth.role(screen.request) != "operator":
+        raise Answer(screen.failure(403, f"{VIEWER_REFUSED[0].upper()}{VIEWER_REFUSED[1:]}."))
+    return screen
+
+
+OperatorScreen = Annotated[Screen, Depends(_operator)]
 
 
 async def _posted(request: Request) -> dict[str, str]:
@@ -221,6 +241,16 @@ def overview_live(screen: SignedIn) -> Response:
     return screen.page("_overview.html", lambda: screen.pages.overview(time.time()))
 
 
+@ui.get("/workers", response_class=HTMLResponse)
+def workers(screen: SignedIn) -> Response:
+    return screen.page("workers.html", lambda: screen.pages.workers(time.time()))
+
+
+@ui.get("/live/workers", response_class=HTMLResponse)
+def workers_live(screen: SignedIn) -> Response:
+    return screen.page("_workers.html", lambda: screen.pages.workers(time.time()))
+
+
 @ui.get("/rows", response_class=HTMLResponse)
 def rows(screen: SignedIn, state: str = "", quarantined: str = "") -> Response:
     return screen.page("rows.html", lambda: screen.pages.rows(state, quarantined == "1", time.time()))
@@ -248,6 +278,26 @@ def board_live(screen: SignedIn, board: str = "") -> Response:
     return screen.page("_board.html", lambda: screen.pages.board(board, time.time()))
 
 
+@ui.get("/dispatch", response_class=HTMLResponse)
+def dispatch(screen: SignedIn, done: str = "") -> Response:
+    notice = DONE.get(done)
+    return screen.page("dispatch.html", lambda: {**screen.pages.dispatch(time.time()), "notice": notice})
+
+
+@ui.post("/dispatch/{action}", response_class=HTMLResponse)
+async def act_on_dispatch(screen: AnyScreen, action: str, form: CheckedForm) -> Response:
+    request = screen.request
+
+    def act() -> str:
+        if action not in DISPATCH_ACTIONS:
+            raise Refused(404, f"no action {action!r} on dispatch; one of {', '.join(DISPATCH_ACTIONS)}")
+        changed = screen.pages.act_on_dispatch(action, form.get("reason", ""), time.time())
+        log.warning("console: dispatch %s by the operator from %s", action, _client(request))
+        return f"/ui/dispatch?done={action if changed else 'unchanged'}"
+
+    return await screen.act(act)
+
+
 # --- signing in ------------------------------------------------------------------
 
 
@@ -264,21 +314,26 @@ async def login(screen: AnyScreen, form: Form) -> Response:
         return screen.failure(422, why)
     target = _safe_next(form.get("next", "/ui"))
     auth = screen.auth
-    why = None if auth.local_only else auth.check_token(form.get("token", ""))
-    if why is not None:
+    response = RedirectResponse(target, 303, headers=HEADERS)
+    if auth.local_only:
+        return response
+    try:
+        role = auth.role_of(form.get("token", ""))
+    except SignInRefused as why:
         log.warning("console: sign-in refused from %s: %s", _client(request), why)
         context = {"next": target, "message": f"Refused: {why}.", "local_only": False}
         return screen.render("login.html", 401, **context)
-    response = RedirectResponse(target, 303, headers=HEADERS)
-    if not auth.local_only:
-        auth.start_session(request, response)
+    auth.start_session(request, response, role)
     return response
 
 
 @ui.post("/logout")
 async def logout(screen: AnyScreen, form: Form) -> Response:
     # a checked form, like any other, so no other site signs the operator out; signed out, nothing to end
-    if screen.auth.signed_in(screen.request) and (refused := screen.refused_form(form)) is not None:
+    if (
+        screen.auth.signed_in(screen.request)
+        and (refused := screen.refused_form(form, acts=False)) is not None
+    ):
         return refused
     response = RedirectResponse("/ui/login", 303, headers=HEADERS)
     screen.auth.end_session(screen.request, response)
@@ -289,7 +344,7 @@ async def logout(screen: AnyScreen, form: Form) -> Response:
 
 
 @ui.get("/rows/{row}/{action}", response_class=HTMLResponse)
-def confirm_row(screen: SignedIn, row: str, action: str) -> Response:
+def confirm_row(screen: OperatorScreen, row: str, action: str) -> Response:
     def build() -> dict[str, Any]:
         if action not in ROW_ACTIONS:
             raise Refused(404, f"no action {action!r} on a row; one of {', '.join(ROW_ACTIONS)}")
@@ -314,7 +369,7 @@ async def act_on_row(screen: AnyScreen, row: str, action: str, form: CheckedForm
 
 
 @ui.get("/board/{board}/tasks/{task}/{action}", response_class=HTMLResponse)
-def confirm_task(screen: SignedIn, board: str, task: str, action: str) -> Response:
+def confirm_task(screen: OperatorScreen, board: str, task: str, action: str) -> Response:
     def build() -> dict[str, Any]:
         if action not in TASK_ACTIONS:
             raise Refused(404, f"no action {action!r} on a task; one of {', '.join(TASK_ACTIONS)}")

@@ -1,9 +1,10 @@
 """Who may use the console, and proof that a form came from it (docs/design.md, "Console").
 
 The operator signs in once with the operator token (``poolctl token --operator``,
-checked by ``poolkeeper.tokens``); the server answers with a session cookie that
-holds an expiry, a random nonce (two sign-ins in one second are two sessions) and
-their HMAC under the server secret, never the token itself:
+checked by ``poolkeeper.tokens``), a viewer with the viewer token (``--viewer``: every
+page, no action); the server answers with a session cookie that holds an expiry, a
+random nonce (two sign-ins in one second are two sessions), the role and their HMAC
+under the server secret, never the token itself:
 HttpOnly (no script reads it), SameSite=Strict (no other site's page sends it),
 Secure when the request came over HTTPS, valid ``SESSION_SECONDS``. Rotating
 the secret ends every session, as it revokes every token.
@@ -18,7 +19,8 @@ console from one replica, or rotate the secret to end every session at once.
 
 Every state-changing form (sign-out too) carries a CSRF value, the HMAC of the session it was
 rendered for; a POST is taken only with a live session, that value, and an
-``Origin`` header (when the browser sends one) naming this server's host.
+``Origin`` header (when the browser sends one) naming this server's host, and, but for
+signing out, only from the operator's session: a viewer's is refused (403).
 
 A ``--local-only`` server has no secret and asks for no login, like its API; its
 forms are still bound to a key of the process's own, and it answers only requests
@@ -31,6 +33,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from typing import Literal
 from urllib.parse import urlsplit
 
 from fastapi import Request, Response
@@ -42,6 +45,13 @@ SESSION_SECONDS = 12 * 3600
 CSRF_FIELD = "csrf"
 NONCE_BYTES = 8
 MAX_REVOKED = 10_000  # sign-outs remembered at once; past it, every session then live ends
+Role = Literal["operator", "viewer"]
+_ROLES: dict[str, Role] = {"o": "operator", "v": "viewer"}  # as the cookie spells them
+VIEWER_REFUSED = "a viewer reads everything and changes nothing: sign in with the operator token to act"
+
+
+class SignInRefused(Exception):
+    """Why a token cannot sign in (one sentence)."""
 
 
 def _mac(key: bytes, subject: str) -> str:
@@ -65,22 +75,27 @@ class ConsoleAuth:
 
     # --- signing in -------------------------------------------------------------
 
-    def check_token(self, token: str) -> str | None:
-        """None when ``token`` is the operator's, else why it is refused (one sentence)."""
+    def role_of(self, token: str) -> Role:
+        """The role ``token`` signs in as (the operator's or the viewer's), else ``SignInRefused``."""
         token = token.strip()
         if not token:
-            return "no token given: paste the output of `poolctl token --operator`"
+            raise SignInRefused("no token given: paste the output of `poolctl token --operator`")
         who = tokens.verify(self.secret, token)
         if who is None:
-            return "that is not a token this server issued (see `poolctl token --operator`)"
-        if not who.is_operator:
-            return f"a token of {who} cannot sign in to the console: it needs the operator token"
-        return None
+            raise SignInRefused("that is not a token this server issued (see `poolctl token --operator`)")
+        if not who.may_read or who.grant is not None:
+            raise SignInRefused(
+                f"a token of {who} cannot sign in to the console: it needs the operator's or the viewer's"
+            )
+        return "operator" if who.is_operator else "viewer"
 
-    def start_session(self, request: Request, response: Response, now: float | None = None) -> None:
+    def start_session(
+        self, request: Request, response: Response, role: Role = "operator", now: float | None = None
+    ) -> None:
         expires = int((now or time.time()) + SESSION_SECONDS)
         nonce = secrets.token_hex(NONCE_BYTES)
-        value = f"{expires}.{nonce}.{_mac(self.key, f'console:session:{expires}.{nonce}')}"
+        signed = f"{expires}.{nonce}.{role[0]}"
+        value = f"{signed}.{_mac(self.key, f'console:session:{signed}')}"
         response.set_cookie(
             COOKIE,
             value,
@@ -95,7 +110,7 @@ class ConsoleAuth:
         """Sign out: the browser drops the cookie, and this server refuses its value from now on."""
         session = self._session(request)
         if session is not None:
-            expires, nonce = session
+            expires, nonce, _ = session
             now = now or time.time()
             self.revoked = {n: e for n, e in self.revoked.items() if e > now}  # expired: refused anyway
             if len(self.revoked) >= MAX_REVOKED:  # fail closed: end every session started until now
@@ -105,28 +120,35 @@ class ConsoleAuth:
         response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
 
     def signed_in(self, request: Request, now: float | None = None) -> bool:
+        return self.role(request, now) is not None
+
+    def role(self, request: Request, now: float | None = None) -> Role | None:
+        """Whose live session the request carries (a --local-only server: the operator's), else None."""
         if self.local_only:
-            return True
+            return "operator"
         session = self._session(request)
         if session is None:
-            return False
-        expires, nonce = session
+            return None
+        expires, nonce, role = session
         started = expires - SESSION_SECONDS
-        return expires > (now or time.time()) and nonce not in self.revoked and started >= self.not_before
+        live = expires > (now or time.time()) and nonce not in self.revoked and started >= self.not_before
+        return role if live else None
 
-    def _session(self, request: Request) -> tuple[int, str] | None:
-        """The expiry and nonce of the request's cookie if this server signed it, else None."""
+    def _session(self, request: Request) -> tuple[int, str, Role] | None:
+        """The expiry, nonce and role of the request's cookie if this server signed it, else None."""
         expires, _, rest = request.cookies.get(COOKIE, "").partition(".")
-        nonce, _, mac = rest.partition(".")
+        nonce, _, rest = rest.partition(".")
+        role, _, mac = rest.partition(".")
         if (
             not (expires.isascii() and expires.isdigit())
             or len(expires) > 12
             or len(nonce) != 2 * NONCE_BYTES
+            or role not in _ROLES
         ):
             return None
-        if not _same(mac, _mac(self.key, f"console:session:{expires}.{nonce}")):
+        if not _same(mac, _mac(self.key, f"console:session:{expires}.{nonce}.{role}")):
             return None
-        return int(expires), nonce
+        return int(expires), nonce, _ROLES[role]
 
     # --- forms ---------------------------------------------------------------------
 
@@ -135,9 +157,12 @@ class ConsoleAuth:
         session = "local" if self.local_only else request.cookies.get(COOKIE, "")
         return _mac(self.key, f"console:csrf:{session}")
 
-    def form_refusal(self, request: Request, form: dict[str, str]) -> tuple[int, str] | None:
-        """None when a POST may act; else its status and why it is refused."""
-        if not self.signed_in(request):
+    def form_refusal(
+        self, request: Request, form: dict[str, str], *, acts: bool = True
+    ) -> tuple[int, str] | None:
+        """None when a POST may act (``acts``: change the pool; else sign out); else status and why not."""
+        role = self.role(request)
+        if role is None:
             return 401, "you are not signed in: sign in with the operator token (`poolctl token --operator`)"
         origin = request.headers.get("origin")
         # host only: a TLS proxy in front changes the scheme the server sees, not the host
@@ -145,4 +170,6 @@ class ConsoleAuth:
             return 403, "the form was sent from another site"
         if not _same(form.get(CSRF_FIELD, ""), self.csrf(request)):
             return 403, "the form's check value is missing or stale: reload the page and try again"
+        if acts and role != "operator":
+            return 403, VIEWER_REFUSED
         return None

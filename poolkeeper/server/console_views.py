@@ -3,7 +3,7 @@
 Every row is turned into a plain dict inside its transaction, so templates
 never touch the database. The actions call what ``poolctl`` calls:
 ``store.transitions.requeue``, ``poolkeeper.operator.abandon`` and ``cancel``,
-``Board.unblock_task``. Each row action is recorded in the row's audit
+``Board.unblock_task``, ``store.pause``. Each row action is recorded in the row's audit
 trail as the operator's (``audit.OPERATOR``), as ``poolctl``'s are.
 """
 
@@ -20,10 +20,11 @@ from core import validate
 from core.errors import InvalidInput, NotFound
 from core.settings import Settings
 from poolkeeper import operator
-from poolkeeper.status import row_view, snapshot
-from store import PoolStore, audit, lineage, queries, transitions
+from poolkeeper.status import dispatch_view, row_view, snapshot
+from store import PoolStore, audit, lineage, pause, queries, transitions
 from store import rows as rows_
 from store.models import RowState
+from store.numbers import WorkerState
 
 LIST_LIMIT = 200  # rows or tasks one page lists
 ALL_ORDINALS_UP_TO = 256  # a larger pool lists only its held ordinals
@@ -66,6 +67,16 @@ def render(template: str, **context: Any) -> str:
     return _ENV.get_template(template).render(**context)
 
 
+def worker_counts(numbers: dict[str, Any]) -> dict[str, dict[str, int | None]]:
+    """The overview's block: pool workers by state, Celery processes online and gone (None: unknown)."""
+    states = [p["state"] for p in numbers["presence"]]
+    pool: dict[str, int | None] = {state.value: states.count(state.value) for state in WorkerState}
+    found = numbers["processes"]
+    online = None if found is None else sum(1 for p in found if p["online"])
+    gone = None if found is None else len(found) - (online or 0)
+    return {"pool": pool, "celery": {"online": online, "gone": gone}}
+
+
 class Pages:
     def __init__(
         self,
@@ -91,6 +102,7 @@ class Pages:
         ordinals = [{"ordinal": o, "row": live.get(o)} for o in shown]
         return {
             "numbers": numbers,
+            "workers": worker_counts(numbers),
             "ordinals": ordinals,
             "all_ordinals": size <= ALL_ORDINALS_UP_TO,
             "quarantined_rows": quarantined,
@@ -98,6 +110,20 @@ class Pages:
             "now": now,
             "max_attempts": self.store.max_attempts,
         }
+
+    def workers(self, now: float) -> dict[str, Any]:
+        """Each ordinal's pool worker and the namespace's Celery workers and beats (``snapshot``)."""
+        numbers = snapshot(
+            self.store, self.kanban, self.settings, self.client, now, redis_error=self.redis_problem
+        )
+        return {"numbers": numbers, "now": now, "namespace": self.settings.namespace}
+
+    def dispatch(self, now: float) -> dict[str, Any]:
+        """Whether dispatch is paused, and its pauses and resumes (the pool-wide audit events)."""
+        with self.store.session(readonly=True) as s:
+            found = pause.read(s)
+            history = audit.history(s, audit.POOL, limit=LIST_LIMIT)
+        return {"dispatch": dispatch_view(found, now), "history": history[::-1], "now": now}
 
     def rows(self, state: str, quarantined: bool, now: float) -> dict[str, Any]:
         want = None
@@ -166,6 +192,13 @@ class Pages:
                 transitions.requeue(s, row_id, now=now, actor=audit.OPERATOR)
         else:
             operator.abandon(self.kanban, self.store, row_id, reason, now)
+
+    def act_on_dispatch(self, action: str, reason: str, now: float) -> bool:
+        """Pause (with ``reason``) or resume dispatch, as ``poolctl``; False when it already was so."""
+        with self.store.session() as s:
+            if action == "pause":
+                return pause.pause(s, reason, now=now, actor=audit.OPERATOR)
+            return pause.resume(s, now=now, actor=audit.OPERATOR)
 
     def act_on_task(self, action: str, board: str, task_id: str, now: float) -> None:
         self.task(board, task_id)  # a name that cannot exist is "no such task", like one that does not

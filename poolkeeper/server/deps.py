@@ -5,7 +5,8 @@
 - ``Caller``: who the bearer token says the request acts for (``tokens.LOCAL`` on a
   ``--local-only`` server). ``AuthFirst`` routes check it before the body is even read, so
   a request without a token is 401 whatever it sends.
-- ``Operator``: the caller, if it may take operator actions (403 otherwise).
+- ``Operator``: the caller, if it may take operator actions (403 otherwise); ``Reader``: if it
+  may read what the operator reads (the operator, or a viewer: ``poolctl token --viewer``).
 - ``worker_of`` and ``holder_of``: "acts for this ordinal" and "acts for this grant's
   children", which a route's body dependency calls with the fields its model names (403
   before the store is called).
@@ -34,8 +35,9 @@ P = ParamSpec("P")
 T = TypeVar("T")
 bearer = HTTPBearer(
     auto_error=False,
-    description="`poolctl token --ordinal N` (acts for ordinal N only), `poolctl token --operator`, or a"
-    " grant's `child_token` (its /v1/children calls only).",
+    description="`poolctl token --ordinal N` (acts for ordinal N only), `poolctl token --operator`,"
+    " `poolctl token --viewer` (reads /v1/status only), or a grant's `child_token` (its /v1/children"
+    " calls only).",
 )
 
 
@@ -118,15 +120,27 @@ def not_a_child(who: Principal) -> None:
         raise Forbidden(f"a child token (of {who}) acts only on /v1/children for that grant, nothing else")
 
 
-async def operator(who: Caller) -> Principal:
-    """The dependency of admin routes (the console checks the same token at sign-in)."""
+def _may(who: Principal, allowed: bool, what: str) -> Principal:
     not_a_child(who)
-    if not who.is_operator:
-        raise Forbidden(f"a token of {who} cannot take operator actions")
+    if not allowed:
+        raise Forbidden(f"a token of {who} cannot {what}")
     return who
 
 
+async def operator(who: Caller) -> Principal:
+    """The dependency of admin routes (the console checks the same token at sign-in)."""
+    return _may(who, who.is_operator, "take operator actions")
+
+
 Operator = Annotated[Principal, Depends(operator)]
+
+
+async def reader(who: Caller) -> Principal:
+    """The dependency of admin reads: the operator, or a viewer (who changes nothing)."""
+    return _may(who, who.may_read, "read the pool's status")
+
+
+Reader = Annotated[Principal, Depends(reader)]
 
 
 def worker_of(ordinal: int, who: Principal) -> None:

@@ -217,3 +217,5 @@ class Status(BaseModel):
     quarantined: int
     ordinals_without_worker: list[int]  # no worker call for longer than a lease
     waiting_assigned: list[int]  # ids of rows ``assigned`` for longer than a lease
+    worker_states: list[str]  # by ordinal: polling, busy or gone (``store.numbers.WorkerState``)
+    dispatch_paused: bool  # an operator paused dispatch: no new claims (``poolctl resume``)

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 from core import db
 from core.errors import PoolError
 from poolkeeper.server import errors
-from poolkeeper.server.deps import Operator, Pool
+from poolkeeper.server.deps import Pool, Reader
 from poolkeeper.server.models import ErrorBody, Health, Status
 from poolkeeper.server.protocol import refusals
 from store import PoolStore, numbers
@@ -52,8 +52,8 @@ def metrics(request: Request) -> Response:
 
 
 @router.get("/v1/status", response_model=Status, responses=refusals(403, 503), tags=["operator"])
-def status(_: Operator, pool: Pool) -> Status:
-    """Rows by state, free ordinals, quarantined rows, worker presence (operator token)."""
+def status(_: Reader, pool: Pool) -> Status:
+    """Rows by state, free ordinals, quarantined rows, worker presence, dispatch (operator or viewer)."""
     with pool.session(readonly=True) as s:
         found = numbers.read(s, pool.pool_size)
     now = time.time()
@@ -64,6 +64,8 @@ def status(_: Operator, pool: Pool) -> Status:
         quarantined=found.quarantined,
         ordinals_without_worker=found.without_worker(now, pool.lease_seconds),
         waiting_assigned=[w.id for w in found.waiting_assigned(now, pool.lease_seconds)],
+        worker_states=[s.value for s in found.worker_states(now, pool.lease_seconds).values()],
+        dispatch_paused=found.dispatch.paused,
     )
 
 

@@ -46,6 +46,8 @@ def test_init_is_idempotent_and_status_has_a_stable_json_shape(tmp_path: Path) -
         "live_children",
         "audit_events",
         "presence",
+        "dispatch",
+        "processes",
         "ordinals_without_worker",
         "waiting_assigned",
         "lease_seconds",
@@ -333,3 +335,21 @@ def _processes_mentioning(text: str) -> list[str]:
         if text in args:
             found.append(args)
     return found
+
+
+def test_pause_and_resume_dispatch_show_in_status_and_the_audit_trail(tmp_path: Path) -> None:
+    ok(tmp_path, "init")
+    assert as_json(tmp_path, "status")["dispatch"]["paused"] is False
+    assert "dispatch paused: deploy 42" in ok(tmp_path, "pause", "--reason", "deploy 42")
+    assert "already paused: deploy 42 (unchanged)" in ok(tmp_path, "pause", "--reason", "other")
+    status = as_json(tmp_path, "status")["dispatch"]
+    assert (status["paused"], status["reason"], status["by"]) == (True, "deploy 42", "operator")
+    assert "PAUSED by operator" in ok(tmp_path, "status")
+    refused = poolctl(tmp_path, "pause", "--reason", " ")
+    assert refused.returncode == 2 and "reason" in refused.stderr
+    assert ok(tmp_path, "resume").strip() == "dispatch resumed"
+    assert ok(tmp_path, "resume").strip() == "dispatch was not paused (unchanged)"
+    assert as_json(tmp_path, "status")["dispatch"]["paused"] is False
+    with sqlite3.connect(tmp_path / "pool.db") as db:
+        events = db.execute("SELECT row_id, kind, actor, detail FROM audit_events ORDER BY id").fetchall()
+    assert events == [(0, "pause", "operator", "deploy 42"), (0, "resume", "operator", None)]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
 from board import Board, FlakyBoard
+from store import audit, pause
+from tasks import runner
 from tasks.plane import Plane
-from tests.factories import dispatched
+from tests.factories import NOW, claimed, dispatched, scanned
 
 
 def test_dispatch_claims_no_more_than_free_ordinals(plane: Plane, kanban: Board) -> None:
@@ -56,3 +59,30 @@ def test_a_board_busy_tick_after_tick_is_logged_once_and_again_after_a_good_tick
     plane.board = FlakyBoard(kanban, busy_rate=0.999999)
     assert dispatched(plane) == []
     assert len([r for r in caplog.records if "board busy" in r.getMessage()]) == 2
+
+
+def test_while_paused_dispatch_claims_nothing_says_so_once_and_claimed_runs_go_on(
+    plane: Plane, kanban: Board, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "poolkeeper")
+    # Given a run claimed before the pause, and a task that arrives after it
+    [row] = claimed(plane, kanban, 1)
+    with plane.store.session() as s:
+        assert pause.pause(s, "deploy 42", now=NOW, actor=audit.OPERATOR)
+    kanban.add_task("b", "later", task_id="later")
+    # When dispatch ticks three times, it claims nothing and one line says why
+    for _ in range(3):
+        assert dispatched(plane) == []
+    assert kanban.counts_by_status()["ready"] == 1
+    said = [r.getMessage() for r in caplog.records if "paused" in r.getMessage()]
+    assert said == ["dispatch all: paused by operator: deploy 42; claiming nothing until `poolctl resume`"]
+    # Then the claimed run is still served and maintained: granted, and expired past its lease
+    grant = plane.store.offer(0, owner="w0", now=NOW)
+    assert grant is not None and grant.row_id == row
+    late = grant.lease_until + 1
+    assert scanned(plane, "expire", late)["expire"] == [row]
+    assert runner.run_batch(plane, "expire", [row], late).done == [(row, "reoffered")]
+    # And once resumed, the next tick claims again (and a later pause is news again)
+    with plane.store.session() as s:
+        assert pause.resume(s, now=NOW + 1, actor=audit.OPERATOR)
+    assert len(dispatched(plane)) == 1 and kanban.counts_by_status()["ready"] == 0

@@ -36,7 +36,7 @@ from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.client import PoolClient
 from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, free_port, wait_for
-from store import PoolStore
+from store import PoolStore, audit
 from tasks import failures, registry
 from tasks.liveness import queue_lists
 from tasks.plane import LocalCoordination, Plane, RedisCoordination
@@ -245,6 +245,56 @@ def test_the_overview_follows_a_live_run_without_a_reload(
         next(env, None)
 
 
+# --- workers ------------------------------------------------------------------------------------
+
+
+def test_the_workers_page_says_who_serves_and_since_when_the_gone_are_gone(
+    driver: WebDriver, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Given a pool worker polling on ordinal 0, a real Celery worker and beat; when the Celery worker
+    stops, the open page says it is gone, and since when, without a reload."""
+    env = start_console(tmp_path, redis_server.url, tick_seconds=0.5)
+    console = next(env)
+    worker = CeleryProc("worker", console.settings.env(), tmp_path, "w1").wait_ready()
+    beat = CeleryProc("beat", console.settings.env(), tmp_path, "beat").wait_ready()
+    try:
+        with PoolClient(console.url, tokens.ordinal_token(SECRET, 0)) as client:
+            assert client.offer(0, owner="pool-w0") is None  # nothing to do yet: it polls
+        signed_in(driver, console)
+        until("the overview's workers block", lambda: metric(driver, "celery.online") == "2", 30, driver)
+        assert (metric(driver, "workers.polling"), metric(driver, "workers.gone")) == ("1", "2")
+        driver.find_element(By.ID, "workers-more").send_keys(Keys.ENTER)
+        until("the workers page", lambda: driver.current_url == f"{console.url}/ui/workers")
+        driver.execute_script("window.noReload = 'still the same page'")
+
+        def pool_worker(ordinal: int, field: str) -> str:
+            row = driver.find_element(By.CSS_SELECTOR, f'#pool-workers tr[data-ordinal="{ordinal}"]')
+            return str(row.find_element(By.CSS_SELECTOR, f'[data-field="{field}"]').text)
+
+        assert (pool_worker(0, "state"), pool_worker(0, "owner")) == ("polling", "pool-w0")
+        assert pool_worker(0, "call").startswith("offer ") and pool_worker(0, "holds") == "-"
+        assert (pool_worker(1, "state"), pool_worker(1, "call")) == ("gone", "never")
+
+        def celery(kind: str) -> str:
+            rows = driver.find_elements(By.CSS_SELECTOR, "#celery tbody tr")
+            found = [r for r in rows if r.find_element(By.TAG_NAME, "td").text == kind]
+            return str(found[0].find_element(By.CSS_SELECTOR, '[data-field="state"]').text) if found else ""
+
+        assert (celery("worker"), celery("beat")) == ("online", "online")
+        worker.stop()
+        until("the stopped worker gone", lambda: celery("worker").startswith("gone since "), 30, driver)
+        assert "UTC" in celery("worker") and celery("beat") == "online"
+        assert driver.execute_script("return window.noReload") == "still the same page"
+        status = json.loads(console.poolctl("status", "--json"))
+        kinds = {p["kind"]: p["online"] for p in status["processes"]}
+        assert kinds == {"worker": False, "beat": True}
+        assert [p["state"] for p in status["presence"]] == ["polling", "gone", "gone"]
+    finally:
+        worker.stop()
+        beat.stop()
+        next(env, None)
+
+
 # --- a quarantined row ---------------------------------------------------------------------
 
 
@@ -322,6 +372,33 @@ def test_abandon_from_the_page_parks_the_run_and_frees_the_ordinal(
     assert metric(driver, "ordinals.free") == "3" and metric(driver, "quarantined") == "0"
 
 
+def test_pause_and_resume_dispatch_from_the_page_with_a_reason(driver: WebDriver, console: Console) -> None:
+    signed_in(driver, console)
+    assert metric(driver, "dispatch") == "running" and driver.find_elements(By.ID, "paused-banner") == []
+    driver.find_element(By.ID, "dispatch-link").send_keys(Keys.ENTER)  # from the keyboard
+    until("the dispatch page", lambda: driver.current_url == f"{console.url}/ui/dispatch")
+    driver.find_element(By.ID, "reason").send_keys("deploy 42")
+    driver.find_element(By.ID, "confirm-pause").click()
+    until("the notice", lambda: "Paused" in driver.find_element(By.ID, "notice").text, driver=driver)
+    assert "deploy 42" in driver.find_element(By.ID, "paused-banner").text
+    status = json.loads(console.poolctl("status", "--json"))["dispatch"]
+    assert (status["paused"], status["reason"], status["by"]) == (True, "deploy 42", "operator")
+    history = driver.find_elements(By.CSS_SELECTOR, "#dispatch-history li")
+    assert [li.get_attribute("data-kind") for li in history] == ["pause"]
+
+    driver.get(f"{console.url}/ui")
+    assert (
+        metric(driver, "dispatch") == "paused"
+        and "deploy 42" in driver.find_element(By.ID, "paused-banner").text
+    )
+    driver.find_element(By.ID, "paused-more").click()
+    driver.find_element(By.ID, "confirm-resume").click()
+    until("the notice", lambda: "Resumed" in driver.find_element(By.ID, "notice").text, driver=driver)
+    assert json.loads(console.poolctl("status", "--json"))["dispatch"]["paused"] is False
+    history = driver.find_elements(By.CSS_SELECTOR, "#dispatch-history li")
+    assert [li.get_attribute("data-kind") for li in history] == ["resume", "pause"]  # newest first
+
+
 def test_a_board_task_is_unblocked_and_cancelled_from_the_board_page(
     driver: WebDriver, console: Console
 ) -> None:
@@ -395,6 +472,64 @@ def test_a_missing_or_wrong_token_is_refused_and_changes_nothing(driver: WebDriv
         == 403
     )
     assert row_state(console.store, row) == before
+
+
+def test_a_viewer_reads_every_page_and_every_action_is_refused_and_changes_nothing(console: Console) -> None:
+    """The console's auth matrix for the viewer token: every page 200, every action 403, sign-out ok."""
+    row = console.quarantined_row()
+    console.kanban.add_task("b", "spare", task_id="t1")
+    before = row_state(console.store, row)
+    with httpx.Client(base_url=console.url) as http:
+        signed = http.post("/ui/login", data={"token": tokens.viewer_token(SECRET)})
+        assert signed.status_code == 303, signed.text[-300:]
+        pages = ["/ui", "/ui/workers", f"/ui/rows/{row}", "/ui/rows", "/ui/board", "/ui/dispatch"]
+        for page in pages:
+            got = http.get(page)
+            assert got.status_code == 200 and 'id="role"' in got.text, page  # says who is signed in
+            assert "action-requeue" not in got.text and "confirm-pause" not in got.text, page
+        for page in ("/ui/live/overview", "/ui/live/workers", f"/ui/live/rows/{row}", "/ui/live/board"):
+            got = http.get(page)
+            assert got.status_code == 200 and "action-requeue" not in got.text and "cancel-t1" not in got.text
+        csrf = _csrf(http.get("/ui").text)
+        for page in (f"/ui/rows/{row}/requeue", f"/ui/rows/{row}/abandon", "/ui/board/b/tasks/t1/cancel"):
+            got = http.get(page)
+            assert got.status_code == 403 and "changes nothing" in got.text, page
+        for path, form in (
+            (f"/ui/rows/{row}/requeue", {}),
+            (f"/ui/rows/{row}/abandon", {"reason": "x"}),
+            ("/ui/board/b/tasks/t1/cancel", {}),
+            ("/ui/board/b/tasks/t1/unblock", {}),
+            ("/ui/dispatch/pause", {"reason": "x"}),
+            ("/ui/dispatch/resume", {}),
+        ):
+            got = http.post(path, data={"csrf": csrf, **form})
+            assert got.status_code == 403 and "viewer reads everything and changes nothing" in got.text, path
+            assert "Nothing was changed" in got.text
+        assert row_state(console.store, row) == before
+        assert console.kanban.get_task("b", "t1").status is TaskStatus.READY  # type: ignore[union-attr]
+        assert json.loads(console.poolctl("status", "--json"))["dispatch"]["paused"] is False
+        assert http.post("/ui/logout", data={"csrf": csrf}).status_code == 303  # signing out is no change
+        assert http.get("/ui").status_code == 303
+
+
+def test_a_viewer_sees_no_action_in_the_browser(driver: WebDriver, console: Console) -> None:
+    row = console.quarantined_row()
+    console.kanban.add_task("b", "spare", task_id="t1")
+    sign_in(driver, console, token=tokens.viewer_token(SECRET), then=f"/ui/rows/{row}")
+    until("the row page", lambda: driver.current_url == f"{console.url}/ui/rows/{row}", driver=driver)
+    assert driver.find_element(By.ID, "role").text == "viewer"
+    assert driver.find_element(By.CSS_SELECTOR, '[data-field="quarantined"]').text == "quarantined"
+    assert driver.find_elements(By.CSS_SELECTOR, "#main .actions a") == []
+    assert "changes nothing" in driver.find_element(By.ID, "viewer-no-actions").text
+    driver.get(f"{console.url}/ui/board")
+    assert driver.find_elements(By.CSS_SELECTOR, "#main a.button") == []
+    driver.get(f"{console.url}/ui/dispatch")
+    assert driver.find_elements(By.CSS_SELECTOR, "#main form, #reason") == []
+    driver.get(f"{console.url}/ui/rows/{row}/requeue")  # typed in by hand: refused
+    assert "changes nothing" in message(driver) and driver.find_elements(By.ID, "confirm") == []
+    # the operator, on the same pages, has them
+    signed_in(driver, console, then=f"/ui/rows/{row}")
+    assert driver.find_elements(By.ID, "action-requeue") and driver.find_elements(By.ID, "role") == []
 
 
 # --- the numbers --------------------------------------------------------------------------
@@ -543,8 +678,6 @@ def test_the_console_ships_its_assets(console: Console) -> None:
 
 
 def _last_event(console: Console, row: int) -> tuple[str, str]:
-    from store import audit
-
     with console.store.session(readonly=True) as s:
         last = audit.history(s, row)[-1]
     return last["kind"], last["actor"]
@@ -560,12 +693,14 @@ def test_every_console_action_is_attributed_to_the_operator(console: Console) ->
             (f"/ui/rows/{requeued}/requeue", {}),
             (f"/ui/rows/{abandoned}/abandon", {"reason": "gone"}),
             ("/ui/board/b/tasks/c1/cancel", {}),
+            ("/ui/dispatch/pause", {"reason": "incident"}),
         ):
             got = http.post(path, data={"csrf": csrf, **form})
             assert got.status_code == 303, got.text[-500:]
     assert _last_event(console, requeued) == ("requeue", "operator")
     assert _last_event(console, abandoned)[1] == "operator"
     assert _last_event(console, cancelled)[1] == "operator"
+    assert _last_event(console, audit.POOL) == ("pause", "operator")
 
 
 # Raw (already percent-encoded) values: non-ASCII digits and letters, NUL and other control characters,
@@ -610,6 +745,9 @@ GETS = [
     "/ui/board/{}/tasks/t1/cancel",
     "/ui/board/b/tasks/{}/cancel",
     "/ui/board/b/tasks/t1/{}",
+    "/ui/workers?x={}",
+    "/ui/live/workers?x={}",
+    "/ui/dispatch?done={}",
     "/ui/{}",
     "/ui/static/{}",
     "/ui/{}/x",
@@ -625,6 +763,8 @@ POSTS = [
     ("/ui/board/b/tasks/{}/unblock", "csrf={csrf}"),
     ("/ui/board/b/tasks/t1/{}", "csrf={csrf}"),
     ("/ui/board/b/tasks/t1/cancel", "csrf={}"),
+    ("/ui/dispatch/{}", "csrf={csrf}&reason=r"),
+    ("/ui/dispatch/pause", "csrf={csrf}&reason={}"),
     ("/ui/login", "token={}"),
     ("/ui/login", "token=x&next={}"),
     ("/ui/login", "next=/ui{}"),

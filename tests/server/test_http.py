@@ -372,7 +372,7 @@ def test_a_token_acts_only_for_its_own_ordinal(served: Served) -> None:
     row, grant = taken(served)
     before = row_state(served.store, row)
     other, operator = tokens.ordinal_token(SECRET, 1), tokens.operator_token(SECRET)
-    for token in (other, operator):
+    for token in (other, operator, tokens.viewer_token(SECRET)):
         for path, body in (
             ("/v1/offer", {"ordinal": 0, "owner": "thief"}),
             ("/v1/heartbeat", grant.envelope()),
@@ -391,12 +391,23 @@ def test_the_operator_token_guards_admin_reads(served: Served) -> None:
         f"{served.url}/v1/status", headers={"Authorization": f"Bearer {tokens.ordinal_token(SECRET, 0)}"}
     )
     assert worker.status_code == 403
-    op = httpx.get(
-        f"{served.url}/v1/status", headers={"Authorization": f"Bearer {tokens.operator_token(SECRET)}"}
-    )
-    assert (
-        op.status_code == 200 and op.json()["rows"]["running"] == 1 and op.json()["free_ordinals"] == [1, 2]
-    )
+    for token in (tokens.operator_token(SECRET), tokens.viewer_token(SECRET)):  # a viewer reads it too
+        op = httpx.get(f"{served.url}/v1/status", headers={"Authorization": f"Bearer {token}"})
+        assert op.status_code == 200 and op.json()["rows"]["running"] == 1, op.text
+        assert op.json()["free_ordinals"] == [1, 2] and op.json()["dispatch_paused"] is False
+    forged = httpx.get(f"{served.url}/v1/status", headers={"Authorization": "Bearer view." + "0" * 64})
+    assert forged.status_code == 401
+
+
+def test_a_viewer_token_cannot_act_for_a_worker_or_its_children(served: Served) -> None:
+    row, grant = taken(served)
+    with served.client(0) as client:
+        child = client.register_child(grant.ref())
+    before = (row_state(served.store, row), child_rows(served.store))
+    viewer = tokens.viewer_token(SECRET)
+    for path, body in child_calls(grant, child.child_id, grant.fence):
+        refusal(served.post(path, body, viewer), 403, "Forbidden")
+    assert (row_state(served.store, row), child_rows(served.store)) == before
 
 
 def poolctl(
@@ -436,6 +447,11 @@ def test_tokens_come_from_the_secret_file(tmp_path: Path) -> None:
     done = poolctl(tmp_path, "token", "--ordinal", "2", env=env)
     assert done.returncode == 0 and done.stdout.strip() == tokens.ordinal_token(SECRET, 2)
     assert poolctl(tmp_path, "token", "--operator", env=env).stdout.strip() == tokens.operator_token(SECRET)
+    viewer = poolctl(tmp_path, "token", "--viewer", env=env).stdout.strip()
+    assert viewer == tokens.viewer_token(SECRET) and viewer.startswith("view.")
+    assert tokens.verify(SECRET, viewer) == tokens.VIEWER
+    both = poolctl(tmp_path, "token", "--operator", "--viewer", env=env)
+    assert both.returncode == 2 and "exactly one of --ordinal N, --operator and --viewer" in both.stderr
     assert poolctl(tmp_path, "token", "--ordinal", "3", env=env).returncode == 2  # POOL_SIZE is 3
     assert poolctl(tmp_path, "token", "--ordinal", "0", env={}).returncode == 2
 
