@@ -53,7 +53,9 @@ class PoolStore:
         # Checked once before the first transaction (``_require_set_up``), when the store made its
         # own engine. A caller that hands one in checks readiness itself (`poolctl serve`: /readyz).
         self._set_up = engine is not None
-        self._presence = presence.Gate()  # which ordinals' presence this handle wrote lately
+        # which ordinals' presence this handle wrote lately; fresh within a quarter lease, as
+        # dispatch fills only ordinals seen within one
+        self._presence = presence.Gate(min(presence.EVERY_SECONDS, lease_seconds / 4))
 
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine | None = None) -> PoolStore:

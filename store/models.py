@@ -331,4 +331,16 @@ class DispatchPause(Base):
     )
 
 
+class ConsoleSignout(Base):
+    """A console session signed out before it expired (``store.signouts``), until it would have.
+
+    Kept in the store, not in a ``serve`` process, so every replica refuses the cookie.
+    """
+
+    __tablename__ = "console_signouts"
+
+    nonce: Mapped[str] = mapped_column(String(32), primary_key=True)
+    expires: Mapped[float] = mapped_column(Float, index=True)
+
+
 metadata = Base.metadata

@@ -2,9 +2,10 @@
 
 The worker calls note themselves in their own transaction (``PoolStore.offer``,
 ``heartbeat``, ``accept_result``), one upsert on ``ordinal_presence``. Kept cheap: a
-``Gate`` per store handle lets through at most one write per ``EVERY_SECONDS`` per
-ordinal (an idle worker polls ``offer`` every second or so), except when the owner
-changes (a restarted worker) or for a result, which changes its row anyway.
+``Gate`` per store handle lets through at most one write per ``EVERY_SECONDS`` (or a
+quarter lease, if shorter) per ordinal (an idle worker polls ``offer`` every second or
+so), except when the owner changes (a restarted worker) or for a result, which changes
+its row anyway. Dispatch fills only ordinals seen within a lease (``staffed``).
 ``read`` gives, for every ordinal of the pool, what was seen last, or nothing.
 """
 
@@ -19,7 +20,7 @@ from sqlalchemy.orm import Session
 from core import db
 from store.models import Assignment, Call, OrdinalPresence
 
-EVERY_SECONDS = 5.0  # presence is judged against a lease (90 s by default): 5 s is plenty fine
+EVERY_SECONDS = 5.0  # presence is judged against a lease (90 s by default); a short lease writes more often
 
 P = OrdinalPresence.__table__
 assert isinstance(P, Table)
@@ -99,3 +100,8 @@ def read(s: Session, pool_size: int) -> list[Seen]:
         Seen(o, found[o].owner, found[o].call, found[o].at) if o in found else Seen(o, None, None, None)
         for o in range(pool_size)
     ]
+
+
+def staffed(s: Session, pool_size: int, since: float) -> set[int]:
+    """The ordinals of the pool whose worker made a call at ``since`` or later."""
+    return set(s.scalars(select(P.c.ordinal).where(P.c.ordinal < pool_size, P.c.at >= since)))

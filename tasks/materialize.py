@@ -36,7 +36,7 @@ from board import BoardTask, TaskStatus
 from core import validate
 from core.db import is_transient
 from core.errors import CapabilityError, InvalidInput, OrdinalTaken, TransientError
-from store import audit, pause, queries, transitions
+from store import audit, pause, presence, queries, transitions
 from store.models import TERMINAL_STATES
 from tasks import failures
 from tasks.declaration import Lock, Outcome, Pass, Submit
@@ -61,17 +61,23 @@ def build_payload(task: BoardTask, run_id: int) -> dict[str, Any]:
         raise CapabilityError(f"cannot build a payload: {err}") from None
 
 
-def reserve_free(plane: Plane, at_most: int) -> list[int]:
+def reserve_free(plane: Plane, at_most: int, now: float, *, staffed_only: bool = False) -> list[int]:
     """Reserve up to ``at_most`` ordinals that hold no live row and no other reservation.
 
-    This process holds them (its keeper renews them) until ``hand_over`` queues or
-    releases them: a dispatcher that dies on the way frees them within a hold.
+    Ordinals whose worker called within a lease come first; ``staffed_only`` takes
+    only those (dispatch: a new claim on an ordinal no worker serves would sit
+    ``assigned`` while the board says it runs). This process holds them (its keeper
+    renews them) until ``hand_over`` queues or releases them: a dispatcher that dies
+    on the way frees them within a hold.
     """
     if at_most <= 0:
         return []
+    n = plane.settings.pool_size
     with plane.store.session(readonly=True) as s:
-        free = queries.free_ordinals(s, plane.settings.pool_size)
-    return _reserve(plane, free, at_most)
+        free = queries.free_ordinals(s, n)
+        staffed = presence.staffed(s, n, now - plane.settings.lease_seconds)
+    first = [o for o in free if o in staffed]
+    return _reserve(plane, first if staffed_only else first + [o for o in free if o not in staffed], at_most)
 
 
 def reserve_busy(plane: Plane, at_most: int) -> list[int]:
@@ -126,13 +132,17 @@ def dispatch(plane: Plane, now: float, submit: Submit) -> int:
         try:
             with plane.store.session(readonly=True) as s:
                 held = pause.read(s)
-            reserved = [] if held.paused else reserve_free(plane, plane.settings.pool_size)
+            reserved = (
+                [] if held.paused else reserve_free(plane, plane.settings.pool_size, now, staffed_only=True)
+            )
         except TransientError as err:
             failures.reporter.once("dispatch", "all", f"store or redis busy, next tick: {err}")
             return 0
         if held.paused:  # once per pause: the reporter forgets it when a claim succeeds again
             why = f"paused by {held.actor}: {held.reason}; claiming nothing until `poolctl resume`"
             failures.reporter.once("dispatch", "all", why, logging.INFO)
+            return 0
+        if not reserved:  # no free ordinal with a worker
             return 0
         try:
             claims = plane.board.claim_ready(
@@ -197,7 +207,7 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
         # back). Any free ordinal will do; with none free the claim waits for its own, first
         # in line (a transient failure keeps its reservation), until its retries run out.
         # The store's unique index, not the reservation, keeps one live row per ordinal.
-        others = reserve_free(plane, 1)
+        others = reserve_free(plane, 1, now)
         if not others:
             raise TransientError(f"{taken}, and none is free: the claim waits for it") from None
         try:

@@ -41,21 +41,21 @@ def find(plane: Plane, now: float, submit: Submit) -> int:
     (``list_boards``) never keeps a row whose run moved on live, so its worker stops."""
     with plane.store.session(readonly=True) as s:
         active = set(queries.boards_with_live_rows(s))
-    enqueued = _scan_boards(plane, active, submit)
+    enqueued = _scan_boards(plane, active, now, submit)
     try:
         listed = set(plane.board.list_boards(include_archived=True))
     except Exception as err:
         _report("boards", err)
         return enqueued
     failures.reporter.succeeded(PASS.name, "boards")
-    return enqueued + _scan_boards(plane, listed - active, submit)
+    return enqueued + _scan_boards(plane, listed - active, now, submit)
 
 
-def _scan_boards(plane: Plane, boards: set[str], submit: Submit) -> int:
+def _scan_boards(plane: Plane, boards: set[str], now: float, submit: Submit) -> int:
     enqueued = 0
     for board in sorted(boards):
         try:
-            enqueued += _scan_board(plane, board, submit)
+            enqueued += _scan_board(plane, board, now, submit)
         except Exception as err:
             _report(f"board {board}", err)
         else:
@@ -69,7 +69,7 @@ def _report(what: str, err: Exception) -> None:
     failures.reporter.once(PASS.name, what, failures.describe(err), level)
 
 
-def _scan_board(plane: Plane, board: str, submit: Submit) -> int:
+def _scan_board(plane: Plane, board: str, now: float, submit: Submit) -> int:
     with plane.store.session(readonly=True) as s:
         live = [(r.id, r.task_id, r.run_id) for r in queries.rows_of_board(s, board, LIVE_HELD)]
     running = {t.id: t for t in plane.board.running_tasks(board)}
@@ -81,7 +81,7 @@ def _scan_board(plane: Plane, board: str, submit: Submit) -> int:
     enqueued = len(submit(PASS.name, moved_on))
     orphans = _orphans(plane, board, running.values())
     if orphans:
-        ordinals = materialize.reserve_free(plane, len(orphans))
+        ordinals = materialize.reserve_free(plane, len(orphans), now)
         ordinals += materialize.reserve_busy(plane, len(orphans) - len(ordinals))
         enqueued += materialize.hand_over(plane, orphans, ordinals, submit)
     return enqueued

@@ -29,6 +29,7 @@ from tasks import failures
 from tasks.plane import LocalCoordination, Plane
 from tests import properties
 from tests.factories import NOW, RowFactory
+from tests.helpers import staff
 
 properties.load()  # before any test module builds its Hypothesis settings
 
@@ -201,4 +202,6 @@ def make_row(store: PoolStore) -> RowFactory:
 
 @pytest.fixture
 def plane(settings: Settings, store: PoolStore, kanban: Board) -> Iterator[Plane]:
+    """The plane over a pool with a worker on every ordinal, seen at the tests' clock (``NOW``)."""
+    staff(store, range(settings.pool_size), NOW)
     yield Plane(settings, store, kanban, LocalCoordination())

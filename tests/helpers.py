@@ -10,6 +10,8 @@ import os
 import shlex
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,8 @@ from board import Board, TaskStatus
 from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, supervise
-from store import PoolStore, queries
+from store import PoolStore, presence, queries
+from store.models import Call
 
 POOLCTL = [sys.executable, "-c", "from poolkeeper.cli import main; main()"]
 
@@ -118,6 +121,28 @@ def worker(
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+DAY = 86_400.0
+
+
+def staff(store: PoolStore, ordinals: Iterable[int], at: float) -> None:
+    """A worker called (offered) on each of ``ordinals`` at ``at``: dispatch fills only those.
+
+    Tests that drive rows themselves, with no pool worker polling, stand a worker on each
+    ordinal this way; ``at=time.time() + DAY`` keeps them present for the whole test, even
+    while the test holds the store's write lock.
+    """
+    with store.engine.begin() as conn:
+        for o in ordinals:
+            presence.note(conn, o, Call.OFFER, at, owner=f"test-worker-{o}")
+
+
+def staff_url(url: str, ordinals: Iterable[int]) -> None:
+    """``staff`` for the store at ``url`` (a test driving ``poolctl``): present for a day."""
+    store = PoolStore(url)
+    staff(store, ordinals, time.time() + DAY)
+    store.engine.dispose()
 
 
 def finished(proc: subprocess.Popen[str], timeout: float = 60) -> str:

@@ -219,7 +219,7 @@ def install(app: FastAPI, settings: Settings, store: PoolStore) -> None:
     """Mount the console on ``app``: its routes under ``/ui``, its assets under ``/ui/static``."""
     client, redis_problem = redis_reader(settings)
     pages = views.Pages(settings, store, open_board(settings), client, redis_problem)
-    app.state.console = Console(ConsoleAuth(settings.server_secret), pages)
+    app.state.console = Console(ConsoleAuth(settings.server_secret, store), pages)
     static = resources.files("poolkeeper.server") / "static"
     app.mount("/ui/static", StaticFiles(directory=str(static)), name="console-static")
     app.include_router(ui)

@@ -10,12 +10,9 @@ Secure when the request came over HTTPS, valid ``SESSION_SECONDS``. Rotating
 the secret ends every session, as it revokes every token.
 
 Signing out ends the session on the server, not only in the browser: its nonce
-joins a revocation set kept in this process until the session would have
-expired (bounded: past ``MAX_REVOKED`` sign-outs every session started until
-then ends, failing closed). The set is per process: with several ``serve``
-replicas behind one name, a signed-out cookie replayed to another replica is
-still taken there until it expires (at most ``SESSION_SECONDS``); run the
-console from one replica, or rotate the secret to end every session at once.
+is kept in the pool store (``store.signouts``) until the session would have
+expired, so every ``serve`` replica behind one name refuses the cookie. Only a
+signed-in operator can sign out, so nobody else can grow that table.
 
 Every state-changing form (sign-out too) carries a CSRF value, the HMAC of the session it was
 rendered for; a POST is taken only with a live session, that value, and an
@@ -39,12 +36,12 @@ from urllib.parse import urlsplit
 from fastapi import Request, Response
 
 from poolkeeper import tokens
+from store import PoolStore, signouts
 
 COOKIE = "poolkeeper_console"
 SESSION_SECONDS = 12 * 3600
 CSRF_FIELD = "csrf"
 NONCE_BYTES = 8
-MAX_REVOKED = 10_000  # sign-outs remembered at once; past it, every session then live ends
 Role = Literal["operator", "viewer"]
 _ROLES: dict[str, Role] = {"o": "operator", "v": "viewer"}  # as the cookie spells them
 VIEWER_REFUSED = "a viewer reads everything and changes nothing: sign in with the operator token to act"
@@ -65,13 +62,12 @@ def _same(given: str, expected: str) -> bool:
 
 
 class ConsoleAuth:
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, store: PoolStore) -> None:
         self.local_only = not secret
         self.secret = secret
+        self.store = store  # where sign-outs are kept, for every replica
         # "console:" keeps these MACs apart from the tokens' ("operator", "ordinal:N")
         self.key = secret.encode() if secret else secrets.token_bytes(32)
-        self.revoked: dict[str, int] = {}  # the nonce of each session signed out, until it expires
-        self.not_before = 0.0  # sessions started before this were ended (MAX_REVOKED)
 
     # --- signing in -------------------------------------------------------------
 
@@ -111,12 +107,8 @@ class ConsoleAuth:
         session = self._session(request)
         if session is not None:
             expires, nonce, _ = session
-            now = now or time.time()
-            self.revoked = {n: e for n, e in self.revoked.items() if e > now}  # expired: refused anyway
-            if len(self.revoked) >= MAX_REVOKED:  # fail closed: end every session started until now
-                self.not_before, self.revoked = now, {}
-            else:
-                self.revoked[nonce] = expires
+            with self.store.session() as s:
+                signouts.sign_out(s, nonce, expires, now or time.time())
         response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
 
     def signed_in(self, request: Request, now: float | None = None) -> bool:
@@ -130,9 +122,10 @@ class ConsoleAuth:
         if session is None:
             return None
         expires, nonce, role = session
-        started = expires - SESSION_SECONDS
-        live = expires > (now or time.time()) and nonce not in self.revoked and started >= self.not_before
-        return role if live else None
+        if expires <= (now or time.time()):
+            return None
+        with self.store.session(readonly=True) as s:
+            return None if signouts.signed_out(s, nonce) else role
 
     def _session(self, request: Request) -> tuple[int, str, Role] | None:
         """The expiry, nonce and role of the request's cookie if this server signed it, else None."""

@@ -18,7 +18,7 @@ from board import open_board
 from core.settings import Settings
 from poolkeeper.embedded import RedisServer, wait_for
 from store import PoolStore
-from tests.helpers import poolctl
+from tests.helpers import poolctl, staff_url
 
 
 def ok(tmp: Path, *args: str) -> str:
@@ -66,6 +66,7 @@ def test_init_is_idempotent_and_status_has_a_stable_json_shape(tmp_path: Path) -
 
 def test_board_commands_and_maintain_once_drive_a_task(tmp_path: Path) -> None:
     ok(tmp_path, "init")
+    staff_url(f"sqlite:///{tmp_path}/pool.db", range(3))  # dispatch fills ordinals with a worker
     ok(tmp_path, "board", "add", "b1", "first task", "--id", "t1")
     ok(tmp_path, "board", "add", "b1", "second task", "--id", "t2")
     summary = as_json(tmp_path, "maintain", "--once")
@@ -128,6 +129,7 @@ def test_user_mistakes_are_one_clear_line_and_exit_2(
 
 def test_abandon_frees_the_ordinal_a_quarantined_row_held_and_refuses_a_settled_row(tmp_path: Path) -> None:
     ok(tmp_path, "init")
+    staff_url(f"sqlite:///{tmp_path}/pool.db", range(3))
     ok(tmp_path, "board", "add", "b1", "poisoned", "--id", "t1")
     ok(tmp_path, "maintain", "--once")
     with sqlite3.connect(tmp_path / "pool.db") as db:  # what repeated failures leave behind

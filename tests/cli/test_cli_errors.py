@@ -28,7 +28,7 @@ from store import PoolStore
 from tasks import failures
 from tasks.failures import ErrorClass
 from tasks.plane import RedisCoordination
-from tests.helpers import BUSY, CONFIG, UNAVAILABLE, USAGE, files, refused, run
+from tests.helpers import BUSY, CONFIG, UNAVAILABLE, USAGE, files, refused, run, staff_url
 
 ROOT = Path(__file__).resolve().parents[2]
 REFUSED_PG = "postgresql+psycopg://postgres:secret@127.0.0.1:1/test"  # nothing listens on port 1
@@ -192,6 +192,7 @@ def test_a_setup_that_cannot_work_is_one_line_and_creates_nothing(
 def _terminal_row(path: Path) -> None:
     """Row 1 is stale: its task was claimed, then cancelled on the board."""
     init(path)
+    staff_url(f"sqlite:///{path}/pool.db", range(3))
     for args in (
         ("board", "add", "b", "t", "--id", "t"),
         ("maintain", "--once"),

@@ -6,12 +6,15 @@ import logging
 from typing import Any
 
 import pytest
+from sqlalchemy import delete
 
 from board import Board, FlakyBoard
 from store import audit, pause
+from store.models import OrdinalPresence
 from tasks import runner
 from tasks.plane import Plane
 from tests.factories import NOW, claimed, dispatched, scanned
+from tests.helpers import staff
 
 
 def test_dispatch_claims_no_more_than_free_ordinals(plane: Plane, kanban: Board) -> None:
@@ -20,6 +23,20 @@ def test_dispatch_claims_no_more_than_free_ordinals(plane: Plane, kanban: Board)
     claims = dispatched(plane)
     assert sorted(c["ordinal"] for c in claims) == [0, 1, 2]
     assert dispatched(plane) == []  # the ordinals are reserved for the claims in flight
+    assert kanban.counts_by_status()["ready"] == 2
+
+
+def test_dispatch_fills_only_ordinals_whose_worker_called_within_a_lease(plane: Plane, kanban: Board) -> None:
+    # Given a worker on ordinal 0 seen just now, one on ordinal 1 last seen over a lease ago, none on 2
+    lease = plane.settings.lease_seconds
+    staff(plane.store, [0], NOW)
+    staff(plane.store, [1], NOW - lease - 1)
+    with plane.store.engine.begin() as conn:
+        conn.execute(delete(OrdinalPresence).where(OrdinalPresence.ordinal == 2))
+    for i in range(3):
+        kanban.add_task("b", f"t{i}", task_id=f"t{i}")
+    # Then one claim, on ordinal 0, and the other tasks stay ready for a worker to come
+    assert [c["ordinal"] for c in dispatched(plane)] == [0]
     assert kanban.counts_by_status()["ready"] == 2
 
 

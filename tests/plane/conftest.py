@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from board import open_board
 from poolkeeper.embedded import RedisServer
 from store import PoolStore
-from tests.helpers import PlaneEnv, make_settings
+from tests.helpers import DAY, PlaneEnv, make_settings, staff
 
 
 @pytest.fixture
@@ -23,6 +24,7 @@ def env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PlaneEnv]:
     store.migrate()
     kanban.migrate()
     e = PlaneEnv(tmp_path, server, settings, store, kanban)
+    staff(store, range(settings.pool_size), time.time() + DAY)  # a worker on each ordinal, polling
     yield e
     for proc in e.procs:
         proc.stop()

@@ -42,6 +42,7 @@ from tasks.liveness import queue_lists
 from tasks.plane import LocalCoordination, Plane, RedisCoordination
 from tests import browser
 from tests.factories import row_state
+from tests.helpers import DAY, staff
 
 SECRET = "console-test-secret-" + "0123456789abcdef" * 3
 POOLCTL = [sys.executable, "-c", "from poolkeeper.cli import main; main()"]
@@ -208,6 +209,7 @@ def test_the_overview_follows_a_live_run_without_a_reload(
     """Given a real worker and beat; when tasks arrive and a worker takes one, the open page shows it."""
     env = start_console(tmp_path, redis_server.url, tick_seconds=0.5, reconcile_seconds=2)
     console = next(env)
+    staff(console.store, range(3), time.time() + DAY)  # workers on every ordinal, polling
     procs = [
         CeleryProc("worker", console.settings.env(), tmp_path, "w1").wait_ready(),
         CeleryProc("beat", console.settings.env(), tmp_path, "beat").wait_ready(),
@@ -865,13 +867,13 @@ def test_sign_out_is_a_checked_form_and_another_site_cannot_sign_the_operator_ou
         assert http.post("/ui/logout").status_code == 303  # signed out already: nothing to check
 
 
-def test_two_sign_ins_in_the_same_second_get_different_sessions() -> None:
+def test_two_sign_ins_in_the_same_second_get_different_sessions(store: PoolStore) -> None:
     from starlette.requests import Request
     from starlette.responses import Response
 
     from poolkeeper.server.console_auth import COOKIE, ConsoleAuth
 
-    auth = ConsoleAuth(SECRET)
+    auth = ConsoleAuth(SECRET, store)
     scope = {"type": "http", "scheme": "http", "method": "POST", "path": "/ui/login", "headers": []}
     cookies = []
     for _ in range(2):

@@ -303,6 +303,26 @@ def test_a_signed_out_cookie_no_longer_opens_the_console(app_client: TestClient)
     assert app_client.get("/ui").status_code == 200  # a new sign-in is a new session
 
 
+def test_a_session_signed_out_on_one_replica_is_refused_by_another(tmp_path: Path) -> None:
+    settings = Settings(**{**initialised(tmp_path).__dict__, "server_secret": SECRET})
+    apps = [create_app(settings), create_app(settings)]  # two `serve` replicas over one store
+    with (
+        TestClient(apps[0], base_url="http://127.0.0.1") as one,
+        TestClient(apps[1], base_url="http://127.0.0.1") as two,
+    ):
+        one.post("/ui/login", data={"token": tokens.operator_token(SECRET)}, follow_redirects=False)
+        cookie = one.cookies.get("poolkeeper_console")
+        assert cookie
+        two.cookies.set("poolkeeper_console", cookie, path="/ui")
+        assert two.get("/ui").status_code == 200  # one session, taken by either replica
+        csrf = one.get("/ui").text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        one.post("/ui/logout", data={"csrf": csrf}, follow_redirects=False)
+        replayed = two.get("/ui", follow_redirects=False)
+        assert replayed.status_code != 200 and "/ui/login" in replayed.headers.get("location", "")
+    for app in apps:
+        app.state.pool.engine.dispose()
+
+
 # --- 8. serve on a store `init` has not set up; a ConfigError mid-request --------------------
 
 
