@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ from sqlalchemy import text
 from board import Board, TaskStatus
 from core.settings import Settings
 from poolkeeper import tokens
-from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, supervise
+from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, supervise, wait_for
+from poolkeeper.server import board_api, serve
 from store import PoolStore, presence, queries
 from store.models import Call
 
@@ -220,3 +222,26 @@ def make_settings(tmp: Path, redis_url: str, **over: Any) -> Settings:
     )
     base.update(over)
     return Settings(**base)
+
+
+# --- a board over HTTP: the reference server in a thread (tests/board/, tests/passes/) ---------
+
+BOARD_TOKEN = "b7d1e0c4a9f3568e2d7c1b0a4f9e3d8c"
+
+
+class BoardServer:
+    """The board API over ``board``, served by uvicorn in a thread on a free loopback port."""
+
+    def __init__(self, settings: Settings, board: Board) -> None:
+        sock = serve.bind("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        app = board_api.create_board_app(settings, board, local_only=not settings.board_token)
+        self.server = serve.guarded(app, settings, False, 64, 64)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        wait_for("the board server to start", lambda: self.server.started, 10, every=0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        assert not self.thread.is_alive(), "the board server did not stop"

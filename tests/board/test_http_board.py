@@ -27,29 +27,12 @@ from board.http import BoardServerError, HttpBoard, open_http
 from core.errors import CapabilityError, ConfigError, SettingsError, TransientError, Unauthenticated
 from core.settings import Settings
 from poolkeeper.embedded import ROOT, wait_for
-from poolkeeper.server import board_api, serve
+from poolkeeper.server import board_api
 from poolkeeper.testing.board_contract import BoardContract
+from tests.helpers import BOARD_TOKEN as TOKEN
+from tests.helpers import BoardServer
 
-TOKEN = "b7d1e0c4a9f3568e2d7c1b0a4f9e3d8c"
 SCHEMA_FILE = ROOT / "docs" / "board-api.openapi.json"
-
-
-class BoardServer:
-    """The board API over ``board``, served by uvicorn in a thread on a free loopback port."""
-
-    def __init__(self, settings: Settings, board: Board) -> None:
-        sock = serve.bind("127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        app = board_api.create_board_app(settings, board, local_only=not settings.board_token)
-        self.server = serve.guarded(app, settings, False, 64, 64)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
-        wait_for("the board server to start", lambda: self.server.started, 10, every=0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-        assert not self.thread.is_alive(), "the board server did not stop"
 
 
 @pytest.fixture
