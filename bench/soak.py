@@ -61,8 +61,8 @@ from core.errors import PoolError
 from core.settings import Settings
 from poolkeeper import operator, tokens
 from poolkeeper.embedded import ROOT, CeleryProc, RedisServer, ServeProc
-from store import PoolStore, audit, queries
-from store.models import LIVE_STATES, RowState
+from store import PoolStore, audit, presence, queries
+from store.models import RowState
 
 BOARD = "soak"
 FAULT_KINDS = (
@@ -445,8 +445,10 @@ class Soak:
             claims = int(conn.scalar(text("SELECT count(*) FROM runs")) or 0)
         with store.session(readonly=True) as s:
             rows = queries.rows_of_tasks(s, BOARD, [t.id for t in running])
-            live = sum(n for state, n in queries.counts_by_state(s).items() if RowState(state) in LIVE_STATES)
             stuck = [r for r in queries.rows(s, quarantined=True) if r.state not in ("finalized", "stale")]
+            # what dispatch may fill: free ordinals whose worker called within a lease
+            staffed = presence.staffed(s, self.args.ordinals, now - self.settings.lease_seconds)
+            open_ = [o for o in queries.free_ordinals(s, self.args.ordinals) if o in staffed]
         has_row = {(r.task_id, r.run_id) for r in rows}
         claimed = {
             (t.id, int(t.current_run_id or 0)) for t in running if t.assignee == self.settings.assignee
@@ -458,7 +460,7 @@ class Soak:
                 del w.no_row_since[key]
         for (task, run), since in w.no_row_since.items():
             w.no_row[f"{task} run {run}"] = max(w.no_row.get(f"{task} run {run}", 0.0), now - since)
-        ready, free = counts["ready"], self.args.ordinals - live - len(w.no_row_since)
+        ready, free = counts["ready"], len(open_) - len(w.no_row_since)
         w.samples.append((now, ready, free))
         # Celery workers exit when Redis restarts under them (kombu's restore_unacked; their
         # supervisor restarts them): until Redis and one worker are up, nothing can dispatch,
