@@ -16,23 +16,21 @@ from sqlalchemy import Engine
 
 from board import Board, open_board
 from board.http import open_http
-from board.kanban import KanbanBoard
 from core.settings import Settings
 from tests.helpers import BOARD_TOKEN, BoardServer
 
 
 @pytest.fixture
-def inner(settings: Settings) -> Iterator[KanbanBoard]:
+def inner(settings: Settings) -> Iterator[Board]:
     """The Kanban at ``settings.board_url``, migrated: the board itself, or the one behind the server."""
     board = open_board(settings)
-    assert isinstance(board, KanbanBoard)
     board.migrate()
     yield board
     board.close()
 
 
 @pytest.fixture(params=["direct", "http"])
-def kanban(request: pytest.FixtureRequest, settings: Settings, inner: KanbanBoard) -> Iterator[Board]:
+def kanban(request: pytest.FixtureRequest, settings: Settings, inner: Board) -> Iterator[Board]:
     if request.param == "direct":
         yield inner
         return
@@ -45,5 +43,7 @@ def kanban(request: pytest.FixtureRequest, settings: Settings, inner: KanbanBoar
 
 
 @pytest.fixture
-def engine_of(inner: KanbanBoard) -> Callable[[Board], Engine]:
-    return lambda _board: inner.engine
+def engine_of(engine_of: Callable[[Board], Engine], inner: Board) -> Callable[[Board], Engine]:
+    """tests/conftest.py's, always of the Kanban itself (over HTTP, the one behind the server)."""
+    kanban_engine = engine_of
+    return lambda _board: kanban_engine(inner)
