@@ -251,11 +251,6 @@ def workers_live(screen: SignedIn) -> Response:
     return screen.page("_workers.html", lambda: screen.pages.workers(time.time()))
 
 
-@ui.get("/rows", response_class=HTMLResponse)
-def rows(screen: SignedIn, state: str = "", quarantined: str = "") -> Response:
-    return screen.page("rows.html", lambda: screen.pages.rows(state, quarantined == "1", time.time()))
-
-
 @ui.get("/rows/{row}", response_class=HTMLResponse)
 def row(screen: SignedIn, row: str, done: str = "") -> Response:
     notice = DONE.get(done)
