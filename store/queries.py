@@ -170,13 +170,16 @@ def count_upto(s: Session, stmt: Select[*tuple[Any, ...]], upto: int) -> int:
     return s.scalar(select(func.count()).select_from(stmt.limit(upto).subquery())) or 0
 
 
-def search_rows(s: Session, text: str, *, offset: int, limit: int) -> tuple[list[Assignment], int]:
-    """Rows whose id or run id is ``text``, or whose task id, owner, board or last error holds it.
+def search_rows(
+    s: Session, text: str, *, offset: int, limit: int, where: RowFilter | None = None
+) -> tuple[list[Assignment], int]:
+    """Rows (of those ``where`` takes) whose id or run id is ``text``, or whose task id, owner, board or
+    last error holds it.
 
     A page of them, newest first, and how many there are (counted up to ``SEARCH_COUNT_UPTO``).
     LIKE on text reads the rows table, which GC keeps to the live rows and the retention period's.
     """
-    stmt = select(A).where(_mentions(text))
+    stmt = (where or RowFilter()).where(select(A).where(_mentions(text)))
     found = list(s.scalars(stmt.order_by(A.id.desc()).offset(offset).limit(limit)))
     return found, count_upto(s, stmt, SEARCH_COUNT_UPTO)
 
