@@ -106,6 +106,7 @@ class Pages:
             "ordinals": ordinals,
             "all_ordinals": size <= ALL_ORDINALS_UP_TO,
             "quarantined_rows": quarantined,
+            "limit": LIST_LIMIT,
             "lease_failed_rows": failed,
             "now": now,
             "max_attempts": self.store.max_attempts,
