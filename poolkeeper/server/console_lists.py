@@ -51,6 +51,7 @@ class Paging:
     total: int | None  # counted up to COUNT_UPTO
     more: bool  # a next page exists
     query: dict[str, str] = field(default_factory=dict)  # the list's other parameters, for the links
+    param: str = "page"  # the query parameter that names this list's page
 
     @property
     def first(self) -> int:
@@ -65,7 +66,7 @@ class Paging:
         return self.total is not None and self.total >= COUNT_UPTO
 
     def href(self, page: int) -> str:
-        return "?" + urlencode({**self.query, "page": page, "size": self.size})
+        return "?" + urlencode({**self.query, self.param: page, "size": self.size})
 
 
 def paging(page: str, size: str) -> tuple[int, int]:
@@ -131,24 +132,29 @@ def rows(
     }
 
 
-def search(pages: Pages, text: str, page: int, size: int, now: float) -> dict[str, Any]:
-    """Rows (by id, run, task id, owner, board, last error) and audit events (by detail) holding ``text``."""
+def search(pages: Pages, text: str, page: int, events_page: int, size: int, now: float) -> dict[str, Any]:
+    """Rows (by id, run, task id, owner, board, last error) and audit events (by detail) holding ``text``.
+
+    Each list has its own page (``page``, ``events_page``) of ``size``.
+    """
     text = text.strip()
-    query = {"q": text}
     if not text:
-        empty = Paging(1, size, 0, 0, False, query)
+        empty = Paging(1, size, 0, 0, False)
         return {"q": "", "rows": [], "events": [], "rows_paging": empty, "events_paging": empty, "now": now}
-    offset = (page - 1) * size
+    offset, events_offset = (page - 1) * size, (events_page - 1) * size
     with pages.store.session(readonly=True) as s:
         found, total = queries.search_rows(s, text, offset=offset, limit=size)
         listed = [row_view(r) for r in found]
-        events = audit.search(s, text, window=AUDIT_WINDOW, offset=offset, limit=size + 1)
+        events = audit.search(s, text, window=AUDIT_WINDOW, offset=events_offset, limit=size + 1)
+    rows_query, events_query = {"q": text, "events_page": str(events_page)}, {"q": text, "page": str(page)}
     return {
         "q": text,
         "rows": listed,
         "events": events[:size],
-        "rows_paging": Paging(page, size, len(listed), total, offset + len(listed) < total, query),
-        "events_paging": Paging(page, size, len(events[:size]), None, len(events) > size, query),
+        "rows_paging": Paging(page, size, len(listed), total, offset + len(listed) < total, rows_query),
+        "events_paging": Paging(
+            events_page, size, len(events[:size]), None, len(events) > size, events_query, "events_page"
+        ),
         "audit_window": AUDIT_WINDOW,
         "now": now,
     }

@@ -1,6 +1,7 @@
 """The console's search, its paged and sortable rows list, and bulk actions on rows (``console_lists``).
 
-- ``/ui/search?q=``: rows and audit events that mention the text, each list paged;
+- ``/ui/search?q=&page=&events_page=&size=``: rows and audit events that mention the text,
+  each list paged on its own;
 - ``/ui/rows?state=&quarantined=1&error=&sort=&order=&page=&size=``: the rows list;
 - ``/ui/bulk/{requeue,abandon}``: the confirmation of rows ticked (``row=`` each) or of
   all matching a filter (``all=1`` with it), for the operator only; its checked POST acts
@@ -34,9 +35,13 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 
 
 @router.get("/search", response_class=HTMLResponse)
-def search(screen: SignedIn, q: str = "", page: str = "1", size: str = str(lists.PAGE_SIZE)) -> Response:
+def search(
+    screen: SignedIn, q: str = "", page: str = "1", events_page: str = "1", size: str = str(lists.PAGE_SIZE)
+) -> Response:
     def build() -> dict[str, Any]:
-        return lists.search(screen.pages, q, *lists.paging(page, size), time.time())
+        rows_page, per_page = lists.paging(page, size)
+        events, _ = lists.paging(events_page, size)
+        return lists.search(screen.pages, q, rows_page, events, per_page, time.time())
 
     return screen.page("search.html", build)
 

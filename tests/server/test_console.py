@@ -835,6 +835,7 @@ GETS = [
     "/ui/search?q={}",
     "/ui/search?q=x&page={}",
     "/ui/search?q=x&size={}",
+    "/ui/search?q=x&events_page={}",
     "/ui/rows?error={}",
     "/ui/rows?sort={}",
     "/ui/rows?order={}",

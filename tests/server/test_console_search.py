@@ -110,7 +110,17 @@ def test_search_finds_audit_events_by_reason_among_the_newest_only(
         audit.append(s, [audit.Event(row, EventKind.GRANT, "worker:0", detail="unrelated")] * 3, now=2)
     page = http.get("/ui/search", params={"q": "Deploy 42"}).text
     assert 'id="found-events"' in page and "deploy 42 broke it" in page and f'href="/ui/rows/{row}"' in page
-    monkeypatch.setattr(console_lists, "AUDIT_WINDOW", 3)  # the event is the fourth newest: out of reach
+    second = http.get("/ui/search", params={"q": "unrelated", "size": "25"}).text
+    assert 'id="events-pager-next"' not in second  # 3 of them: one page
+    many = [audit.Event(row, EventKind.GRANT, "worker:0", detail="unrelated")] * 30
+    with store.session() as s:
+        audit.append(s, many, now=3)
+    first = http.get("/ui/search", params={"q": "unrelated", "size": "25"}).text
+    assert showing(first, "events-pager") == f"showing 1{DASH}25"  # not counted: "next (more…)"
+    assert 'href="?q=unrelated&amp;page=1&amp;events_page=2&amp;size=25"' in first
+    later = http.get("/ui/search", params={"q": "unrelated", "size": "25", "events_page": "2"}).text
+    assert showing(later, "events-pager") == f"showing 26{DASH}33" and 'id="events-pager-next"' not in later
+    monkeypatch.setattr(console_lists, "AUDIT_WINDOW", 3)  # the event is far from the newest: out of reach
     assert 'id="found-events"' not in http.get("/ui/search", params={"q": "deploy 42"}).text
 
 
