@@ -211,6 +211,7 @@ def resolve(pages: Pages, chosen: Selection, now: float) -> dict[str, Any]:
         "ids": ids,
         "listed": [found.get(i, {"id": i, "missing": True}) for i in shown],
         "matching": matching,
+        "more_than": matching >= COUNT_UPTO,
         "capped": matching > len(ids),
         "digest": validate.sha256(",".join(map(str, ids))),
         "fields": chosen.fields(),
