@@ -255,3 +255,39 @@ def test_a_viewer_sees_no_bulk_control_and_is_refused(
         got = http.post(f"/ui/bulk/{action}", data=form)
         assert got.status_code == 403 and "changes nothing" in got.text
     assert row_state(store, row)["quarantined"]
+
+
+def test_a_bulk_abandon_parks_each_run_with_the_reason_and_refuses_a_settled_row(
+    http: TestClient, settings: Settings, store: PoolStore, kanban: Board, make_row: RowFactory
+) -> None:
+    live = []
+    for n in range(2):
+        kanban.add_task("b", f"task {n}", task_id=f"t{n}")
+        [claim] = kanban.claim_ready(1, assignee=settings.assignee, lane=settings.lane)
+        store.add_run(board="b", task_id=claim.task_id, run_id=claim.run_id, ordinal=n, payload={"t": 1})
+        with store.session(readonly=True) as s:
+            live.append(
+                int(
+                    s.execute(
+                        text("SELECT id FROM assignments WHERE task_id=:t"), {"t": f"t{n}"}
+                    ).scalar_one()
+                )
+            )
+    settled = make_row(RowState.FINALIZED, task_id="done")
+    ticked = {"rows": ",".join(map(str, sorted([*live, settled])))}
+    confirm = http.get("/ui/bulk/abandon", params={"row": ticked["rows"].split(",")}).text
+    digest = confirm.split('name="digest" value="', 1)[1].split('"', 1)[0]
+    form = {**ticked, "csrf": csrf(http), "digest": digest, "reason": "poisoned payload"}
+    done = http.post("/ui/bulk/abandon", data=form)
+    assert done.status_code == 200 and "2 abandoned, 1 refused" in done.text, done.text[-800:]
+    assert f"row {settled} is finalized: a settled row is never abandoned" in done.text
+    for n, row in enumerate(live):
+        assert row_state(store, row)["state"] == "stale"
+        task = kanban.get_task("b", f"t{n}")
+        assert task is not None and task.block_reason == "abandoned by operator: poisoned payload"
+        with store.session(readonly=True) as s:
+            last = audit.history(s, row)[-1]
+        assert (last["kind"], last["actor"]) == ("abandon", "operator") and "poisoned payload" in last[
+            "detail"
+        ]
+    assert row_state(store, settled)["state"] == "finalized"
