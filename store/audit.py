@@ -11,8 +11,9 @@ transition, so a row's trail replays to its current state.
 - ``expired``: the storm's hot path, one multi-row INSERT … SELECT on the
   driver's cursor for a whole expired batch.
 
-``history`` reads a row's events oldest first; ``collect`` deletes one batch of
-events older than the retention cutoff.
+``history`` reads a row's events oldest first; ``search`` finds events by their
+detail among the newest; ``collect`` deletes one batch of events older than the
+retention cutoff.
 """
 
 from __future__ import annotations
@@ -164,20 +165,38 @@ def history(s: Session, row_id: int, *, limit: int | None = None) -> list[dict[s
         stmt = stmt.limit(limit)
     events = list(s.scalars(stmt))
     events.reverse()
-    return [
-        {
-            "id": e.id,
-            "at": e.at,
-            "kind": e.kind,
-            "from": e.from_state,
-            "to": e.to_state,
-            "attempt": e.attempt,
-            "fence": e.fence,
-            "actor": e.actor,
-            "detail": e.detail,
-        }
-        for e in events
-    ]
+    return [_event(e) for e in events]
+
+
+def _event(e: AuditEvent) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "at": e.at,
+        "kind": e.kind,
+        "from": e.from_state,
+        "to": e.to_state,
+        "attempt": e.attempt,
+        "fence": e.fence,
+        "actor": e.actor,
+        "detail": e.detail,
+    }
+
+
+def search(s: Session, text: str, *, window: int, offset: int, limit: int) -> list[dict[str, Any]]:
+    """Events among the newest ``window`` whose detail (a reason, the evidence) holds ``text``, newest first.
+
+    Bounded twice: a primary-key range over the newest ``window`` ids (``max(id)`` is the
+    index's last entry), and one page of ``limit`` past ``offset`` within it. LIKE, any case.
+    """
+    newest = select(func.max(E.id)).scalar_subquery()
+    stmt = (
+        select(E)
+        .where(E.id > newest - window, E.detail.icontains(text, autoescape=True))
+        .order_by(E.id.desc())
+        .offset(offset)
+        .limit(limit)
+    )
+    return [{**_event(e), "row_id": e.row_id} for e in s.scalars(stmt)]
 
 
 def collect(s: Session, *, cutoff: float, batch: int) -> int:

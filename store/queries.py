@@ -7,9 +7,9 @@ skip rows whose maintenance backoff has not run out yet.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import Select, func, literal, literal_column, select, tuple_
+from sqlalchemy import Select, func, literal, literal_column, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from core import validate
@@ -117,16 +117,83 @@ def oldest_in_state(s: Session, state: RowState) -> float | None:
     return s.scalar(select(func.min(A.updated_at)).where(A.state == state.value))
 
 
+AnySelect = TypeVar("AnySelect", bound=Select[*tuple[Any, ...]])
+
+
+class RowFilter(NamedTuple):
+    """Which rows a list shows: in ``state``, quarantined only, with ``error`` in the last error."""
+
+    state: RowState | None = None
+    quarantined: bool = False
+    error: str = ""  # a substring of ``last_error``, any case ("" matches every row)
+
+    def where(self, stmt: AnySelect) -> AnySelect:
+        if self.state is not None:
+            stmt = stmt.where(A.state == self.state.value)
+        if self.quarantined:
+            stmt = stmt.where(A.quarantined)
+        if self.error:
+            stmt = stmt.where(A.last_error.icontains(self.error, autoescape=True))
+        return stmt
+
+
+# What a row list sorts by (the console's ``?sort=``); ``id`` breaks ties, so a page is stable.
+ROW_SORTS = {"id": A.id, "state": A.state, "updated": A.updated_at, "attempt": A.attempt}
+
+
 def rows(
-    s: Session, *, state: RowState | None = None, quarantined: bool = False, limit: int = 1000
+    s: Session,
+    *,
+    state: RowState | None = None,
+    quarantined: bool = False,
+    limit: int = 1000,
+    where: RowFilter | None = None,
+    sort: str = "id",
+    descending: bool = False,
+    offset: int = 0,
 ) -> Sequence[Assignment]:
+    """One page of the rows matching ``where`` (or ``state`` and ``quarantined``), in ``sort`` order."""
     validate.integer("limit", limit, 1, validate.INT32_MAX)  # an operator's number (`poolctl rows`)
-    stmt = select(A).order_by(A.id).limit(limit)
-    if state is not None:
-        stmt = stmt.where(A.state == state.value)
-    if quarantined:
-        stmt = stmt.where(A.quarantined)
-    return list(s.scalars(stmt))
+    keys = [ROW_SORTS[sort]] + ([] if sort == "id" else [A.id])
+    order = [k.desc() for k in keys] if descending else keys
+    stmt = (where or RowFilter(state, quarantined)).where(select(A))
+    return list(s.scalars(stmt.order_by(*order).offset(offset).limit(limit)))
+
+
+def row_ids(s: Session, where: RowFilter, *, limit: int) -> list[int]:
+    """The ids of the first ``limit`` rows matching ``where``, lowest first (a bulk action's rows)."""
+    return list(s.scalars(where.where(select(A.id)).order_by(A.id).limit(limit)))
+
+
+def count_upto(s: Session, stmt: Select[*tuple[Any, ...]], upto: int) -> int:
+    """How many rows ``stmt`` selects, counted no further than ``upto`` (so ``upto`` means "at least")."""
+    return s.scalar(select(func.count()).select_from(stmt.limit(upto).subquery())) or 0
+
+
+def search_rows(
+    s: Session, text: str, *, offset: int, limit: int, where: RowFilter | None = None
+) -> tuple[list[Assignment], int]:
+    """Rows (of those ``where`` takes) whose id or run id is ``text``, or whose task id, owner, board or
+    last error holds it.
+
+    A page of them, newest first, and how many there are (counted up to ``SEARCH_COUNT_UPTO``).
+    LIKE on text reads the rows table, which GC keeps to the live rows and the retention period's.
+    """
+    stmt = (where or RowFilter()).where(select(A).where(_mentions(text)))
+    found = list(s.scalars(stmt.order_by(A.id.desc()).offset(offset).limit(limit)))
+    return found, count_upto(s, stmt, SEARCH_COUNT_UPTO)
+
+
+SEARCH_COUNT_UPTO = 10_000
+
+
+def _mentions(text: str) -> Any:
+    columns = (A.task_id, A.owner, A.board, A.last_error)
+    terms = [column.icontains(text, autoescape=True) for column in columns]
+    if text.isascii() and text.isdigit() and len(text) <= 18:
+        terms += [A.run_id == int(text)]
+        terms += [A.id == int(text)] if int(text) <= validate.MAX_ROW_ID else []
+    return or_(*terms)
 
 
 def audit_events_written(s: Session) -> int:

@@ -299,18 +299,22 @@ def collect_garbage(s: Session, *, retention_seconds: float, batch: int, now: fl
     return int(rows), int(deliveries)
 
 
-def requeue(s: Session, row_id: int, *, now: float, actor: str = audit.UNATTRIBUTED) -> Assignment:
+def requeue(
+    s: Session, row_id: int, *, now: float, actor: str = audit.UNATTRIBUTED, reason: str = ""
+) -> Assignment:
     """Operator reset: clear backoff and quarantine so the next scan picks the row up now.
 
     A terminal row is never retried, and a row with a live child execution is
     not reset: refused, nothing changes. Its ``unknown`` children (their worker
     vanished) are discarded, never replayed. The row is locked first, so no
-    child registers between the check and the reset.
+    child registers between the check and the reset. The operator's ``reason``,
+    when given, leads the event's detail.
     """
     row = get_row(s, row_id, for_update=True)
     if row.state in TERMINAL_VALUES:
         raise InvalidInput("row", f"row {row_id} is {row.state}: a terminal row is never retried")
     cleared = f"cleared {row.failures} failure(s)" + (" and quarantine" if row.quarantined else "")
+    cleared = f"{reason}: {cleared}" if reason else cleared
     event = audit.Event(
         row_id, EventKind.REQUEUE, actor, row.state, row.state, row.attempt, row.fence, cleared
     )

@@ -80,6 +80,12 @@ def rows(
     row: Annotated[int | None, typer.Argument(help="One row: show it with its child executions.")] = None,
     state: Annotated[str | None, typer.Option(help="Only rows in this state.")] = None,
     quarantined: Annotated[bool, typer.Option("--quarantined", help="Only quarantined rows.")] = False,
+    search: Annotated[
+        str | None,
+        typer.Option(
+            help="Only rows whose id or run is TEXT, or whose task, owner, board or error holds it."
+        ),
+    ] = None,
     history: Annotated[
         bool, typer.Option("--history", help="With ROW: its audit trail, oldest first (the newest --limit).")
     ] = False,
@@ -104,7 +110,12 @@ def rows(
                 "--state", f"unknown state {state!r}; one of " + ", ".join(s.value for s in RowState)
             ) from None
     with _store().session(readonly=True) as s:
-        found = [_row_dict(r) for r in queries.rows(s, state=want, quarantined=quarantined, limit=limit)]
+        if search is None:
+            listed = queries.rows(s, state=want, quarantined=quarantined, limit=limit)
+        else:  # as the console's search: newest first
+            where = queries.RowFilter(want, quarantined)
+            listed, _ = queries.search_rows(s, search, offset=0, limit=limit, where=where)
+        found = [_row_dict(r) for r in listed]
     _emit(found, render.rows(found, out.width), as_json)
 
 

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from core import db
 from core.errors import SettingsError, TransientError
 from core.settings import Settings
-from poolkeeper.server import children, console, deps, errors, limits, probes, protocol
+from poolkeeper.server import children, console, console_search, deps, errors, limits, probes, protocol
 from poolkeeper.status import redis_reader
 from store import PoolStore
 from tasks import collectors
@@ -51,6 +51,7 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
     app.state.metrics = registry = CollectorRegistry()
     for router in (protocol.router, children.router, probes.router):
         app.include_router(router)
+    app.include_router(console_search.router)  # before the console's catch-all page
     console.install(app, settings, pool)
     probes.mount_docs(app)
     errors.install(app)

@@ -5,8 +5,9 @@ htmx polls and swaps in place, without a reload: the overview (the numbers of
 ``poolctl status --json``, from the same ``poolkeeper.status.snapshot``, plus
 each ordinal's row, quarantined rows and lease failures), the workers (each
 ordinal's pool worker, the Celery workers and beats by their beacons), a row (identity,
-digests, errors, children, its audit history as a timeline), rows by state,
-and a board (tasks, runs, their rows). Every asset ships in the package
+digests, errors, children, its audit history as a timeline),
+and a board (tasks, runs, their rows); search, the paged rows list and bulk actions
+are ``console_search``'s. Every asset ships in the package
 (``static/``): no CDN, no build step.
 
 Actions are a confirmation page (GET) and a form (POST) checked by
@@ -249,11 +250,6 @@ def workers(screen: SignedIn) -> Response:
 @ui.get("/live/workers", response_class=HTMLResponse)
 def workers_live(screen: SignedIn) -> Response:
     return screen.page("_workers.html", lambda: screen.pages.workers(time.time()))
-
-
-@ui.get("/rows", response_class=HTMLResponse)
-def rows(screen: SignedIn, state: str = "", quarantined: str = "") -> Response:
-    return screen.page("rows.html", lambda: screen.pages.rows(state, quarantined == "1", time.time()))
 
 
 @ui.get("/rows/{row}", response_class=HTMLResponse)

@@ -106,6 +106,7 @@ class Pages:
             "ordinals": ordinals,
             "all_ordinals": size <= ALL_ORDINALS_UP_TO,
             "quarantined_rows": quarantined,
+            "limit": LIST_LIMIT,
             "lease_failed_rows": failed,
             "now": now,
             "max_attempts": self.store.max_attempts,
@@ -124,19 +125,6 @@ class Pages:
             found = pause.read(s)
             history = audit.history(s, audit.POOL, limit=LIST_LIMIT)
         return {"dispatch": dispatch_view(found, now), "history": history[::-1], "now": now}
-
-    def rows(self, state: str, quarantined: bool, now: float) -> dict[str, Any]:
-        want = None
-        if state:
-            try:
-                want = RowState(state)
-            except ValueError:
-                names = ", ".join(s.value for s in RowState)
-                raise InvalidInput("state", f"unknown state {state[:40]!r}; one of {names}") from None
-        with self.store.session(readonly=True) as s:
-            listed = queries.rows(s, state=want, quarantined=quarantined, limit=LIST_LIMIT)
-            found = [row_view(r) for r in listed]
-        return {"rows": found, "state": state, "quarantined": quarantined, "now": now, "limit": LIST_LIMIT}
 
     def row(self, row_id: int, now: float) -> dict[str, Any]:
         with self.store.session(readonly=True) as s:
@@ -189,7 +177,7 @@ class Pages:
     def act_on_row(self, action: str, row_id: int, reason: str, now: float) -> None:
         if action == "requeue":
             with self.store.session() as s:
-                transitions.requeue(s, row_id, now=now, actor=audit.OPERATOR)
+                transitions.requeue(s, row_id, now=now, actor=audit.OPERATOR, reason=reason)
         else:
             operator.abandon(self.kanban, self.store, row_id, reason, now)
 

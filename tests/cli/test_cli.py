@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from board import open_board
 from core.settings import Settings
@@ -102,6 +103,23 @@ def test_rows_shows_one_row_with_its_children_as_a_tree(tmp_path: Path) -> None:
     tree = ok(tmp_path, "rows", str(offer.row_id))
     assert f"row {offer.row_id} b/t1 run 1: running" in tree
     assert f"child:{nested.id[-12:]} terminal (retired) epoch {offer.fence}" in tree
+
+
+def test_rows_search_finds_rows_by_task_or_error_as_the_console_does(tmp_path: Path) -> None:
+    ok(tmp_path, "init")
+    store = PoolStore(f"sqlite:///{tmp_path}/pool.db", pool_size=2)
+    for n, task in enumerate(("import-1", "import-2", "export-1")):
+        store.add_run(board="b", task_id=task, run_id=1, ordinal=n % 2, payload={})
+        with store.session() as s:
+            s.execute(
+                text("UPDATE assignments SET state='stale', payload=NULL WHERE task_id=:t"), {"t": task}
+            )
+    with store.session() as s:
+        s.execute(text("UPDATE assignments SET last_error='Disk full' WHERE task_id='export-1'"))
+    store.engine.dispose()
+    assert [r["task_id"] for r in as_json(tmp_path, "rows", "--search", "IMPORT")] == ["import-2", "import-1"]
+    assert [r["task_id"] for r in as_json(tmp_path, "rows", "--search", "disk")] == ["export-1"]
+    assert as_json(tmp_path, "rows", "--search", "disk", "--state", "running") == []
 
 
 @pytest.mark.parametrize(

@@ -107,19 +107,21 @@ class Console:
             found = s.execute(text("SELECT id FROM assignments WHERE task_id = :t"), {"t": task_id})
             return int(found.scalar_one())
 
-    def quarantined_row(self, task_id: str = "poisoned", ordinal: int = 0) -> int:
+    def quarantined_row(
+        self, task_id: str = "poisoned", ordinal: int = 0, error: str = "poisoned result: not JSON"
+    ) -> int:
         """A granted row whose results pass failed until it was quarantined, through the real failure path."""
         row = self.claimed_row(task_id, ordinal)
         assert self.store.offer(ordinal, owner="w0") is not None
         results = registry.get("results")
         for _ in range(self.settings.quarantine_after):
-            failures.handle(self.plane, results, row, ValueError("poisoned result: not JSON"), time.time())
+            failures.handle(self.plane, results, row, ValueError(error), time.time())
         assert row_state(self.store, row)["quarantined"]
         return row
 
 
 def start_console(tmp: Path, redis_url: str, **over: Any) -> Iterator[Console]:
-    settings = Settings(
+    base: dict[str, Any] = dict(
         database_url=f"sqlite:///{tmp}/pool.db",
         board_url=f"sqlite:///{tmp}/board.db",
         redis_url=redis_url,
@@ -127,8 +129,8 @@ def start_console(tmp: Path, redis_url: str, **over: Any) -> Iterator[Console]:
         pool_size=3,
         lease_seconds=30,
         quarantine_after=3,
-        **over,
     )
+    settings = Settings(**{**base, **over})
     store = PoolStore.from_settings(settings)
     store.migrate()
     kanban = open_board(settings)
@@ -527,11 +529,91 @@ def test_a_viewer_sees_no_action_in_the_browser(driver: WebDriver, console: Cons
     assert driver.find_elements(By.CSS_SELECTOR, "#main a.button") == []
     driver.get(f"{console.url}/ui/dispatch")
     assert driver.find_elements(By.CSS_SELECTOR, "#main form, #reason") == []
+    driver.get(f"{console.url}/ui/rows?quarantined=1")
+    assert driver.find_elements(By.CSS_SELECTOR, "#main input[type=checkbox], #bulk-all, #bulk-requeue") == []
+    driver.get(f"{console.url}/ui/bulk/requeue?all=1&quarantined=1")  # typed in by hand: refused
+    assert "changes nothing" in message(driver) and driver.find_elements(By.ID, "confirm") == []
     driver.get(f"{console.url}/ui/rows/{row}/requeue")  # typed in by hand: refused
     assert "changes nothing" in message(driver) and driver.find_elements(By.ID, "confirm") == []
     # the operator, on the same pages, has them
     signed_in(driver, console, then=f"/ui/rows/{row}")
     assert driver.find_elements(By.ID, "action-requeue") and driver.find_elements(By.ID, "role") == []
+    driver.get(f"{console.url}/ui/rows?quarantined=1")
+    assert driver.find_elements(By.ID, f"tick-{row}") and driver.find_elements(By.ID, "bulk-all-requeue")
+
+
+# --- search and bulk actions ---------------------------------------------------------------------
+
+
+def test_a_row_is_found_by_its_error_text_from_the_keyboard_and_opened(
+    driver: WebDriver, console: Console
+) -> None:
+    """Tab to the header's search box, type part of an error, Enter; the result opens from the keyboard."""
+    console.claimed_row("healthy", 1)
+    row = console.quarantined_row()
+    signed_in(driver, console)
+    driver.find_element(By.TAG_NAME, "body").send_keys(Keys.TAB)
+    for _ in range(20):
+        active = driver.switch_to.active_element
+        if active.get_attribute("id") == "nav-search":
+            break
+        active.send_keys(Keys.TAB)
+    assert driver.switch_to.active_element.get_attribute("id") == "nav-search"
+    driver.switch_to.active_element.send_keys("Poisoned Result", Keys.ENTER)
+    until("the results", lambda: "/ui/search?q=Poisoned+Result" in driver.current_url, driver=driver)
+    found = driver.find_elements(By.CSS_SELECTOR, "#found-rows tbody tr")
+    assert [tr.get_attribute("data-row") for tr in found] == [str(row)]
+    assert (
+        driver.find_element(By.CSS_SELECTOR, '#rows-pager [data-field="showing"]').text
+        == "showing 1\u20131 of 1"
+    )
+    events = driver.find_elements(By.CSS_SELECTOR, "#found-events tbody tr")
+    assert events and all(POISON.split(": ", 1)[1] in tr.text for tr in events)  # its failures' details
+    driver.find_element(By.ID, f"found-rows-{row}").send_keys(Keys.ENTER)
+    until("the row page", lambda: driver.current_url == f"{console.url}/ui/rows/{row}", driver=driver)
+    assert driver.find_element(By.CSS_SELECTOR, '[data-field="last_error"]').text == POISON
+
+
+def test_forty_rows_quarantined_by_one_error_are_requeued_in_one_confirmed_action(
+    driver: WebDriver, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Issue 19's 3 a.m.: find the rows by their error, tick all matching, confirm once, each row requeued."""
+    env = start_console(tmp_path, redis_server.url, pool_size=42)
+    console = next(env)
+    try:
+        poisoned = [
+            console.quarantined_row(f"p{n:02d}", n, "bad deploy 7: no such column") for n in range(40)
+        ]
+        others = [console.quarantined_row(f"o{n}", 40 + n, "disk full") for n in range(2)]
+        signed_in(driver, console, then="/ui/rows?quarantined=1")
+        driver.find_element(By.ID, "filter-error").send_keys("no such column")
+        driver.find_element(By.ID, "filter-go").click()
+        shown = driver.find_element
+        until("the filtered rows", lambda: "error=no+such+column" in driver.current_url, driver=driver)
+        assert shown(By.CSS_SELECTOR, '#rows-pager [data-field="showing"]').text == "showing 1\u201340 of 40"
+        assert "All 40 matching this filter" in shown(By.ID, "bulk-all").text
+        shown(By.ID, "bulk-all-requeue").click()
+        until("the confirmation", lambda: "/ui/bulk/requeue?" in driver.current_url, driver=driver)
+        assert shown(By.TAG_NAME, "h1").text == "Requeue 40 rows?"
+        assert "40 rows match, quarantined, last error holding" in shown(By.ID, "bulk-count").text
+        listed = driver.find_elements(By.CSS_SELECTOR, "#bulk-rows tbody tr")
+        assert [int(tr.get_attribute("data-row") or 0) for tr in listed] == poisoned
+        assert all(row_state(console.store, r)["quarantined"] for r in poisoned)  # nothing before confirming
+        shown(By.ID, "reason").send_keys("migration 12 rolled back")
+        shown(By.ID, "confirm").click()
+        until("the results", lambda: "40 requeued, 0 refused" in shown(By.ID, "notice").text, driver=driver)
+        done = driver.find_elements(By.CSS_SELECTOR, '#bulk-results tr[data-done="yes"]')
+        assert len(done) == 40
+        for row in poisoned:
+            got = row_state(console.store, row)
+            assert (got["quarantined"], got["failures"], got["last_error"]) == (False, 0, None)
+            with console.store.session(readonly=True) as s:
+                last = audit.history(s, row)[-1]
+            assert (last["kind"], last["actor"]) == ("requeue", "operator")
+            assert last["detail"].startswith("migration 12 rolled back: cleared 3 failure(s) and quarantine")
+        assert all(row_state(console.store, r)["quarantined"] for r in others)  # another error: untouched
+    finally:
+        next(env, None)
 
 
 # --- the numbers --------------------------------------------------------------------------
@@ -750,6 +832,17 @@ GETS = [
     "/ui/workers?x={}",
     "/ui/live/workers?x={}",
     "/ui/dispatch?done={}",
+    "/ui/search?q={}",
+    "/ui/search?q=x&page={}",
+    "/ui/search?q=x&size={}",
+    "/ui/search?q=x&events_page={}",
+    "/ui/rows?error={}",
+    "/ui/rows?sort={}",
+    "/ui/rows?order={}",
+    "/ui/rows?page={}",
+    "/ui/bulk/{}",
+    "/ui/bulk/requeue?row={}",
+    "/ui/bulk/abandon?all=1&error={}",
     "/ui/{}",
     "/ui/static/{}",
     "/ui/{}/x",
@@ -767,6 +860,10 @@ POSTS = [
     ("/ui/board/b/tasks/t1/cancel", "csrf={}"),
     ("/ui/dispatch/{}", "csrf={csrf}&reason=r"),
     ("/ui/dispatch/pause", "csrf={csrf}&reason={}"),
+    ("/ui/bulk/{}", "csrf={csrf}&rows=1&digest=x&reason=r"),
+    ("/ui/bulk/requeue", "csrf={csrf}&rows={}&digest=x&reason=r"),
+    ("/ui/bulk/requeue", "csrf={csrf}&all=1&error={}&digest=x&reason=r"),
+    ("/ui/bulk/abandon", "csrf={csrf}&rows=1&digest=x&reason={}"),
     ("/ui/login", "token={}"),
     ("/ui/login", "token=x&next={}"),
     ("/ui/login", "next=/ui{}"),

@@ -1,0 +1,293 @@
+"""The console's search, paged rows list and bulk actions, in process (TestClient) on both store backends.
+
+The browser's side (typing a search, ticking all matching and confirming) is in test_console.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from board import Board
+from core.settings import Settings
+from poolkeeper import tokens
+from poolkeeper.server import console_lists
+from poolkeeper.server.app import create_app
+from store import PoolStore, audit
+from store.models import EventKind, RowState
+from tests.factories import RowFactory, row_state
+
+SECRET = "search-test-secret-" + "0123456789abcdef" * 3
+POISON = "ValueError: poisoned result: not JSON"
+DASH = "\N{EN DASH}"  # the pager says "showing 1, a dash, 50 of 60"
+
+
+@pytest.fixture
+def http(settings: Settings, store: PoolStore, kanban: Board) -> Iterator[TestClient]:
+    """The console over the ``store`` fixture's database, signed in as the operator."""
+    app = create_app(dataclasses.replace(settings, server_secret=SECRET, redis_url=""))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        signed = client.post(
+            "/ui/login", data={"token": tokens.operator_token(SECRET)}, follow_redirects=False
+        )
+        assert signed.status_code == 303
+        yield client
+    app.state.pool.engine.dispose()
+
+
+def failing(store: PoolStore, row: int, error: str, *, quarantined: bool = True, owner: str = "") -> None:
+    """The row's last error is ``error`` (and it is quarantined): as the failure path leaves it."""
+    with store.session() as s:
+        s.execute(
+            text("UPDATE assignments SET last_error=:e, failures=3, quarantined=:q, owner=:o WHERE id=:r"),
+            {"e": error, "q": quarantined, "o": owner or None, "r": row},
+        )
+
+
+def showing(page: str, pager: str = "rows-pager") -> str:
+    found = re.search(rf'id="{pager}".*?data-field="showing">([^<]*)<', page, re.S)
+    assert found, page[-2000:]
+    return found.group(1)
+
+
+def listed(page: str, table: str = "rows") -> list[int]:
+    body = page.split(f'id="{table}"', 1)[1].split("</table>", 1)[0] if f'id="{table}"' in page else ""
+    return [int(r) for r in re.findall(r'<tr data-row="(\d+)"', body)]
+
+
+def csrf(client: TestClient) -> str:
+    return str(client.get("/ui").text).split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
+
+# --- search ----------------------------------------------------------------------------------
+
+
+def test_search_pages_through_rows_by_task_id_and_says_where_it_stands(
+    http: TestClient, make_row: RowFactory
+) -> None:
+    rows = [make_row(RowState.FINALIZED, task_id=f"job-{n:03d}") for n in range(60)]
+    make_row(RowState.FINALIZED, task_id="other")
+    first = http.get("/ui/search", params={"q": "JOB-", "size": "25"})
+    assert first.status_code == 200
+    assert showing(first.text) == f"showing 1{DASH}25 of 60"
+    assert listed(first.text, "found-rows") == rows[::-1][:25]  # newest first
+    assert 'id="rows-pager-next"' in first.text and 'id="rows-pager-previous"' not in first.text
+    last = http.get("/ui/search", params={"q": "job-", "size": "25", "page": "3"})
+    assert showing(last.text) == f"showing 51{DASH}60 of 60"
+    assert listed(last.text, "found-rows") == rows[::-1][50:]
+    assert 'id="rows-pager-next"' not in last.text and 'id="rows-pager-previous"' in last.text
+
+
+def test_search_finds_a_row_by_id_run_owner_and_error_text_and_escapes_like(
+    http: TestClient, store: PoolStore, make_row: RowFactory
+) -> None:
+    poisoned = make_row(RowState.RUNNING, ordinal=0, run_id=4242)
+    failing(store, poisoned, POISON, owner="host-7:w0")
+    other = make_row(RowState.RUNNING, ordinal=1)
+    failing(store, other, "TimeoutError: 100% of the budget")
+    for q, want in (
+        ("poisoned result", [poisoned]),
+        ("4242", [poisoned]),
+        (str(other), [other]),
+        ("host-7", [poisoned]),
+        ("100%", [other]),
+        ("0%_", []),  # % and _ are text, not wildcards
+    ):
+        assert listed(http.get("/ui/search", params={"q": q}).text, "found-rows") == want, q
+
+
+def test_search_finds_audit_events_by_reason_among_the_newest_only(
+    http: TestClient, store: PoolStore, make_row: RowFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    row = make_row(RowState.RUNNING)
+    with store.session() as s:
+        audit.append(s, [audit.Event(row, EventKind.REQUEUE, "operator", detail="deploy 42 broke it")], now=1)
+        audit.append(s, [audit.Event(row, EventKind.GRANT, "worker:0", detail="unrelated")] * 3, now=2)
+    page = http.get("/ui/search", params={"q": "Deploy 42"}).text
+    assert 'id="found-events"' in page and "deploy 42 broke it" in page and f'href="/ui/rows/{row}"' in page
+    second = http.get("/ui/search", params={"q": "unrelated", "size": "25"}).text
+    assert 'id="events-pager-next"' not in second  # 3 of them: one page
+    many = [audit.Event(row, EventKind.GRANT, "worker:0", detail="unrelated")] * 30
+    with store.session() as s:
+        audit.append(s, many, now=3)
+    first = http.get("/ui/search", params={"q": "unrelated", "size": "25"}).text
+    assert showing(first, "events-pager") == f"showing 1{DASH}25"  # not counted: "next (more…)"
+    assert 'href="?q=unrelated&amp;page=1&amp;events_page=2&amp;size=25"' in first
+    later = http.get("/ui/search", params={"q": "unrelated", "size": "25", "events_page": "2"}).text
+    assert showing(later, "events-pager") == f"showing 26{DASH}33" and 'id="events-pager-next"' not in later
+    monkeypatch.setattr(console_lists, "AUDIT_WINDOW", 3)  # the event is far from the newest: out of reach
+    assert 'id="found-events"' not in http.get("/ui/search", params={"q": "deploy 42"}).text
+
+
+def test_bad_paging_is_one_sentence(http: TestClient) -> None:
+    for params, words in (
+        ({"q": "x", "size": "7"}, "a page holds one of 25, 50, 100, 200 rows"),
+        ({"q": "x", "page": "0"}, "a page is a whole number from 1"),
+        ({"q": "x", "page": "²"}, "a page is a whole number from 1"),
+    ):
+        got = http.get("/ui/search", params=params)
+        assert got.status_code == 422 and words in got.text, got.text[-400:]
+    got = http.get("/ui/rows", params={"sort": "payload"})
+    assert got.status_code == 422 and "sort by one of id, state, updated, attempt" in got.text
+
+
+# --- the rows list -----------------------------------------------------------------------------
+
+
+def test_the_rows_list_is_paged_sorted_and_keeps_its_filters(
+    http: TestClient, store: PoolStore, make_row: RowFactory
+) -> None:
+    rows = [make_row(RowState.STALE, attempt=1 + n % 3, updated_at=1000.0 - n) for n in range(30)]
+    for row in rows[:12]:
+        failing(store, row, "boom: disk full")
+    failing(store, rows[12], "something else")
+    page = http.get("/ui/rows", params={"quarantined": "1", "error": "DISK", "size": "25"}).text
+    assert showing(page) == f"showing 1{DASH}12 of 12" and listed(page) == rows[:12]
+    by_updated = http.get("/ui/rows", params={"sort": "updated", "size": "25"}).text
+    assert listed(by_updated) == rows[::-1][:25] and showing(by_updated) == f"showing 1{DASH}25 of 30"
+    assert 'href="?sort=updated&amp;order=asc&amp;page=2&amp;size=25"' in by_updated
+    by_attempt = http.get("/ui/rows", params={"sort": "attempt", "order": "desc", "size": "25"}).text
+    assert (
+        listed(by_attempt)[:10] == [r for n, r in enumerate(rows) if n % 3 == 2][::-1]
+    )  # ties: id, desc too
+    filtered = http.get("/ui/rows", params={"error": "disk", "state": "stale", "sort": "id", "order": "desc"})
+    assert (
+        'href="?state=stale&amp;error=disk&amp;sort=id&amp;order=asc"' in filtered.text
+    )  # sorting keeps filters
+
+
+# --- bulk actions -------------------------------------------------------------------------------
+
+
+def test_a_bulk_requeue_reports_each_refused_row_and_why(
+    http: TestClient, store: PoolStore, make_row: RowFactory
+) -> None:
+    q1, q2 = make_row(RowState.RUNNING, ordinal=0), make_row(RowState.RUNNING, ordinal=1)
+    settled = make_row(RowState.STALE)
+    for row in (q1, q2, settled):
+        failing(store, row, POISON)
+    ticked = [q1, settled, q2, 99_999]
+    confirm = http.get("/ui/bulk/requeue", params={"row": [str(r) for r in ticked]})
+    assert confirm.status_code == 200 and "Requeue 4 rows?" in confirm.text
+    assert listed(confirm.text, "bulk-rows") == sorted(ticked) and "no such row" in confirm.text
+    assert row_state(store, q1)["quarantined"]  # nothing before the POST
+    digest = confirm.text.split('name="digest" value="', 1)[1].split('"', 1)[0]
+    rows_field = ",".join(map(str, sorted(ticked)))
+    form = {"csrf": csrf(http), "rows": rows_field, "digest": digest, "reason": "bad deploy 17"}
+    done = http.post("/ui/bulk/requeue", data=form)
+    assert done.status_code == 200 and "2 requeued, 2 refused" in done.text, done.text[-800:]
+    results = dict(re.findall(r'<tr data-row="(\d+)" data-done="(yes|no)"', done.text))
+    assert results == {str(q1): "yes", str(q2): "yes", str(settled): "no", "99999": "no"}
+    assert f"row {settled} is stale: a terminal row is never retried" in done.text
+    assert "99999: no such row" in done.text
+    for row in (q1, q2):
+        assert not row_state(store, row)["quarantined"]
+        with store.session(readonly=True) as s:
+            last = audit.history(s, row)[-1]
+        assert (last["kind"], last["actor"]) == ("requeue", "operator")
+        assert last["detail"].startswith("bad deploy 17: cleared 3 failure(s) and quarantine")
+    assert row_state(store, settled)["quarantined"]
+
+
+def test_all_matching_acts_only_on_the_rows_confirmed(
+    http: TestClient, store: PoolStore, make_row: RowFactory
+) -> None:
+    matching = [make_row(RowState.RUNNING, ordinal=o) for o in range(2)]
+    spared = make_row(RowState.RUNNING, ordinal=2)
+    for row in matching:
+        failing(store, row, POISON)
+    failing(store, spared, "another error")
+    query = {"all": "1", "quarantined": "1", "error": "poisoned"}
+    confirm = http.get("/ui/bulk/requeue", params=query).text
+    assert "2 rows match, quarantined, last error holding “poisoned”" in confirm
+    digest = confirm.split('name="digest" value="', 1)[1].split('"', 1)[0]
+    form = {**query, "csrf": csrf(http), "digest": digest, "reason": "fixed"}
+    failing(store, spared, POISON)  # a third row matches now: the confirmation named two
+    stale = http.post("/ui/bulk/requeue", data=form)
+    assert stale.status_code == 409 and "changed since the confirmation" in stale.text
+    assert all(row_state(store, r)["quarantined"] for r in [*matching, spared])
+    failing(store, spared, "another error")
+    done = http.post("/ui/bulk/requeue", data=form)
+    assert done.status_code == 200 and "2 requeued, 0 refused" in done.text
+    assert [row_state(store, r)["quarantined"] for r in [*matching, spared]] == [False, False, True]
+
+
+def test_a_bulk_action_is_capped_and_says_so(
+    http: TestClient, store: PoolStore, make_row: RowFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(console_lists, "BULK_CAP", 2)
+    rows = [make_row(RowState.RUNNING, ordinal=o) for o in range(3)]
+    for row in rows:
+        failing(store, row, POISON)
+    confirm = http.get("/ui/bulk/abandon", params={"all": "1", "quarantined": "1"}).text
+    assert "Abandon 2 rows?" in confirm and "3 rows match" in confirm
+    assert "the first 2 by id (at most 2 rows per action" in confirm
+    assert listed(confirm, "bulk-rows") == rows[:2]
+    reasonless = {"all": "1", "quarantined": "1", "csrf": csrf(http), "digest": "x", "reason": " "}
+    got = http.post("/ui/bulk/abandon", data=reasonless)
+    assert got.status_code == 409  # the digest is checked first; a blank reason is refused below
+    digest = confirm.split('name="digest" value="', 1)[1].split('"', 1)[0]
+    got = http.post("/ui/bulk/abandon", data={**reasonless, "digest": digest})
+    assert got.status_code == 422 and "needs a reason" in got.text
+    assert all(row_state(store, r)["state"] == "running" for r in rows)
+
+
+def test_a_viewer_sees_no_bulk_control_and_is_refused(
+    http: TestClient, store: PoolStore, make_row: RowFactory
+) -> None:
+    row = make_row(RowState.RUNNING)
+    failing(store, row, POISON)
+    operator_page = http.get("/ui/rows").text
+    assert 'id="bulk-all-requeue"' in operator_page and f'id="tick-{row}"' in operator_page
+    http.post("/ui/login", data={"token": tokens.viewer_token(SECRET)})
+    page = http.get("/ui/rows").text
+    assert "bulk" not in page and 'type="checkbox"' not in page
+    assert http.get("/ui/search", params={"q": "poisoned"}).status_code == 200
+    for action in ("requeue", "abandon"):
+        got = http.get(f"/ui/bulk/{action}", params={"row": str(row)})
+        assert got.status_code == 403 and "changes nothing" in got.text
+        form = {"csrf": csrf(http), "rows": str(row), "digest": "x", "reason": "r"}
+        got = http.post(f"/ui/bulk/{action}", data=form)
+        assert got.status_code == 403 and "changes nothing" in got.text
+    assert row_state(store, row)["quarantined"]
+
+
+def test_a_bulk_abandon_parks_each_run_with_the_reason_and_refuses_a_settled_row(
+    http: TestClient, settings: Settings, store: PoolStore, kanban: Board, make_row: RowFactory
+) -> None:
+    live = []
+    for n in range(2):
+        kanban.add_task("b", f"task {n}", task_id=f"t{n}")
+        [claim] = kanban.claim_ready(1, assignee=settings.assignee, lane=settings.lane)
+        store.add_run(board="b", task_id=claim.task_id, run_id=claim.run_id, ordinal=n, payload={"t": 1})
+        with store.session(readonly=True) as s:
+            live.append(
+                int(
+                    s.execute(
+                        text("SELECT id FROM assignments WHERE task_id=:t"), {"t": f"t{n}"}
+                    ).scalar_one()
+                )
+            )
+    settled = make_row(RowState.FINALIZED, task_id="done")
+    ticked = {"rows": ",".join(map(str, sorted([*live, settled])))}
+    confirm = http.get("/ui/bulk/abandon", params={"row": ticked["rows"].split(",")}).text
+    digest = confirm.split('name="digest" value="', 1)[1].split('"', 1)[0]
+    form = {**ticked, "csrf": csrf(http), "digest": digest, "reason": "poisoned payload"}
+    done = http.post("/ui/bulk/abandon", data=form)
+    assert done.status_code == 200 and "2 abandoned, 1 refused" in done.text, done.text[-800:]
+    assert f"row {settled} is finalized: a settled row is never abandoned" in done.text
+    for n, row in enumerate(live):
+        assert row_state(store, row)["state"] == "stale"
+        task = kanban.get_task("b", f"t{n}")
+        assert task is not None and task.block_reason == "abandoned by operator: poisoned payload"
+        with store.session(readonly=True) as s:
+            last = audit.history(s, row)[-1]
+        assert (last["kind"], last["actor"]) == ("abandon", "operator") and "poisoned payload" in last[
+            "detail"
+        ]
+    assert row_state(store, settled)["state"] == "finalized"
