@@ -69,8 +69,9 @@ def first_id(s: Session, since: float) -> int | None:
     Ids have gaps (gc, rolled-back inserts), so each step reads the first event at or
     after an id: one primary-key seek, about 2·log2(ids) in all.
     """
-    lo, hi = s.execute(select(func.min(E.id), func.max(E.id))).one()
-    if hi is None or _next(s, hi)[1] < since:
+    # two statements: SQLite reads min() or max() off the primary key only when it is alone
+    lo, hi = s.scalar(select(func.min(E.id))), s.scalar(select(func.max(E.id)))
+    if lo is None or hi is None or _next(s, hi)[1] < since:
         return None
     while lo < hi:
         mid = (lo + hi) // 2

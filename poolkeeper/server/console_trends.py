@@ -23,6 +23,9 @@ from tasks import liveness
 WINDOWS = {w.name: w for w in (trends.HOUR, trends.DAY)}
 WIDTH, HEIGHT = 640, 160  # the SVG's own units; CSS scales it to the column
 LEFT, BOTTOM, TOP = 44, 20, 8  # room for the y labels, the x labels, the top line
+# The hour refreshes at the console's poll; the day's buckets are 10 minutes, and reading it
+# walks the whole day's range (bench/trends.py), so it refreshes once a minute.
+DAY_REFRESH_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ def page(pages: Pages, window: str, now: float) -> dict[str, Any]:
     latency = {"mean": found.latency_mean, "longest": found.latency_max}
     return {
         "window": chosen.name,
+        "refresh": DAY_REFRESH_SECONDS if chosen is trends.DAY else None,
         "windows": list(WINDOWS),
         "per": per,
         "now": now,
