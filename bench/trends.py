@@ -1,7 +1,7 @@
 """What the console's Trends charts cost the store: 1,000,000 audit events over 24 h.
 
 Fills the audit trail of a fresh store (a SQLite file, and PostgreSQL when one answers)
-with ``--events`` events spread evenly over the last 24 h, each row a cycle of claim,
+with ``--events`` events spread evenly over the last ``--days`` (24 h), each row a cycle of claim,
 grant, expiry, re-grant, result, settle, failure, then reads the Trends page's data
 (``store.trends.read``: the bisection for the window's first id and its two grouped
 reads, all three charts) for the last hour and the last day. Two baselines in the same
@@ -14,7 +14,7 @@ run, over the same data:
 
 Each figure is the median of ``--repeat`` reads. Compare ratios, not absolute figures.
 
-    python bench/trends.py [--events N] [--repeat K] [--postgres URL | --no-postgres]
+    python bench/trends.py [--events N] [--days D] [--repeat K] [--postgres URL | --no-postgres]
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def _case(column: int) -> str:
     return f"CASE i % {len(CYCLE)} {arms} END"
 
 
-def fill(store: PoolStore, events: int, now: float) -> float:
-    """``events`` events over the 24 h before ``now``, written by the database itself; seconds taken."""
+def fill(store: PoolStore, events: int, days: float, now: float) -> float:
+    """``events`` events over the ``days`` before ``now``, written by the database itself; seconds taken."""
     counted = "WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i < :n - 1)"
     numbers = (
         "generate_series(0, :n - 1) AS g(i)"
@@ -69,7 +69,8 @@ def fill(store: PoolStore, events: int, now: float) -> float:
     )
     started = time.perf_counter()
     with store.session() as s:
-        s.execute(text(sql), {"n": events, "t0": now - DAY_SECONDS, "step": DAY_SECONDS / events})
+        span = days * DAY_SECONDS
+        s.execute(text(sql), {"n": events, "t0": now - span, "step": span / events})
     with store.engine.connect() as conn:
         conn.execute(text("ANALYZE"))
         conn.commit()
@@ -85,12 +86,12 @@ def median_ms(read: Callable[[], object], repeat: int) -> float:
     return statistics.median(times) * 1000
 
 
-def bench_backend(name: str, url: str, events: int, repeat: int) -> list[tuple[str, ...]]:
+def bench_backend(name: str, url: str, events: int, days: float, repeat: int) -> list[tuple[str, ...]]:
     store = PoolStore.from_settings(Settings(database_url=url))
     store.migrate()
     now = time.time()
-    took = fill(store, events, now)
-    print(f"{name}: {events:,} events written in {took:.1f} s", flush=True)
+    took = fill(store, events, days, now)
+    print(f"{name}: {events:,} events over {days:g} days written in {took:.1f} s", flush=True)
     rows: list[tuple[str, ...]] = []
     try:
         for window in (trends.HOUR, trends.DAY):
@@ -125,17 +126,18 @@ def bench_backend(name: str, url: str, events: int, repeat: int) -> list[tuple[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--days", type=float, default=1.0, help="the events' span (a longer retention)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--postgres", default=PG_URL)
     parser.add_argument("--no-postgres", action="store_true")
     args = parser.parse_args()
     rows: list[tuple[str, ...]] = []
     with tempfile.TemporaryDirectory(prefix="poolkeeper-trends-bench-") as tmp:
-        rows += bench_backend("sqlite", f"sqlite:///{tmp}/pool.db", args.events, args.repeat)
+        rows += bench_backend("sqlite", f"sqlite:///{tmp}/pool.db", args.events, args.days, args.repeat)
     if not args.no_postgres:
         with postgres_database(args.postgres) as pg:
             if pg is not None:
-                rows += bench_backend("postgres", pg, args.events, args.repeat)
+                rows += bench_backend("postgres", pg, args.events, args.days, args.repeat)
     head = (
         "backend",
         "window",

@@ -4,7 +4,8 @@ Seeds a small pool through the real code paths (board tasks claimed and
 materialized by ``maintain_once`` over a Redis of its own, grants, a row
 quarantined by the failure path, a parked task), starts ``poolctl serve`` and
 takes, at 1280 by 800 in Debian's Chromium: the overview (light and dark), a
-quarantined row's page and the board page. Run it by hand when the pages
+quarantined row's page, the board page, the workers page and
+the trends (light and dark). Run it by hand when the pages
 change; no test writes into the tree.
 """
 
@@ -26,6 +27,7 @@ from tasks import failures, registry
 from tasks.maintain import maintain_once
 from tasks.plane import Beacon, Plane, RedisCoordination
 from tests import browser
+from tests.helpers import staff
 
 SECRET = "screenshot-secret-" + "0123456789abcdef" * 3
 TITLES = [
@@ -44,6 +46,7 @@ def seed(settings: Settings, store: PoolStore, kanban: Board, redis: RedisServer
     for i, title in enumerate(TITLES):
         kanban.add_task("payments", title, task_id=f"pay-{i + 1:03d}")
     plane = Plane(settings, store, kanban, RedisCoordination(redis.client(), settings))
+    staff(store, range(settings.pool_size), time.time())  # dispatch fills only ordinals whose worker polls
     maintain_once(plane, time.time())  # claims and materializes: one row per free ordinal
     for ordinal in (0, 1):
         store.offer(ordinal, owner=f"worker-{ordinal}")
@@ -97,6 +100,8 @@ def main(outdir: Path) -> None:
                 (f"/ui/rows/{row}", "console-row.png", "light"),
                 ("/ui/board", "console-board.png", "light"),
                 ("/ui/workers", "console-workers.png", "light"),
+                ("/ui/trends", "console-trends.png", "light"),
+                ("/ui/trends", "console-trends-dark.png", "dark"),
             ]
             for path, name, scheme in shots:
                 browser.color_scheme(driver, scheme)
