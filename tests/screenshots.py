@@ -4,8 +4,8 @@ Seeds a small pool through the real code paths (board tasks claimed and
 materialized by ``maintain_once`` over a Redis of its own, grants, a row
 quarantined by the failure path, a parked task), starts ``poolctl serve`` and
 takes, at 1280 by 800 in Debian's Chromium: the overview (light and dark), a
-quarantined row's page, the board page, the workers page, a search and a bulk
-requeue's confirmation. Run it by hand when the pages
+quarantined row's page, the board page, the workers page, a search, a bulk
+requeue's confirmation and the trends (light and dark). Run it by hand when the pages
 change; no test writes into the tree.
 """
 
@@ -102,6 +102,8 @@ def main(outdir: Path) -> None:
                 ("/ui/workers", "console-workers.png", "light"),
                 ("/ui/search?q=not+JSON", "console-search.png", "light"),
                 ("/ui/bulk/requeue?all=1&quarantined=1", "console-bulk.png", "light"),
+                ("/ui/trends", "console-trends.png", "light"),
+                ("/ui/trends", "console-trends-dark.png", "dark"),
             ]
             for path, name, scheme in shots:
                 browser.color_scheme(driver, scheme)

@@ -40,6 +40,7 @@ from board import open_board
 from core import validate
 from core.errors import InvalidInput, PoolError, ProtocolError
 from core.settings import Settings
+from poolkeeper.server import console_trends
 from poolkeeper.server import console_views as views
 from poolkeeper.server.console_auth import CSRF_FIELD, VIEWER_REFUSED, ConsoleAuth, SignInRefused
 from poolkeeper.status import redis_reader
@@ -292,6 +293,16 @@ async def act_on_dispatch(screen: AnyScreen, action: str, form: CheckedForm) -> 
         return f"/ui/dispatch?done={action if changed else 'unchanged'}"
 
     return await screen.act(act)
+
+
+@ui.get("/trends", response_class=HTMLResponse)
+def trends(screen: SignedIn, window: str = "hour") -> Response:
+    return screen.page("trends.html", lambda: console_trends.page(screen.pages, window, time.time()))
+
+
+@ui.get("/live/trends", response_class=HTMLResponse)
+def trends_live(screen: SignedIn, window: str = "hour") -> Response:
+    return screen.page("_trends.html", lambda: console_trends.page(screen.pages, window, time.time()))
 
 
 # --- signing in ------------------------------------------------------------------

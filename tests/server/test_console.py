@@ -37,6 +37,7 @@ from poolkeeper import tokens
 from poolkeeper.client import PoolClient
 from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, free_port, wait_for
 from store import PoolStore, audit
+from store.models import EventKind
 from tasks import failures, registry
 from tasks.liveness import queue_lists
 from tasks.plane import LocalCoordination, Plane, RedisCoordination
@@ -486,12 +487,21 @@ def test_a_viewer_reads_every_page_and_every_action_is_refused_and_changes_nothi
     with httpx.Client(base_url=console.url) as http:
         signed = http.post("/ui/login", data={"token": tokens.viewer_token(SECRET)})
         assert signed.status_code == 303, signed.text[-300:]
-        pages = ["/ui", "/ui/workers", f"/ui/rows/{row}", "/ui/rows", "/ui/board", "/ui/dispatch"]
+        pages = [
+            "/ui",
+            "/ui/workers",
+            f"/ui/rows/{row}",
+            "/ui/rows",
+            "/ui/board",
+            "/ui/dispatch",
+            "/ui/trends",
+        ]
         for page in pages:
             got = http.get(page)
             assert got.status_code == 200 and 'id="role"' in got.text, page  # says who is signed in
             assert "action-requeue" not in got.text and "confirm-pause" not in got.text, page
-        for page in ("/ui/live/overview", "/ui/live/workers", f"/ui/live/rows/{row}", "/ui/live/board"):
+        fragments = ("/ui/live/overview", "/ui/live/workers", f"/ui/live/rows/{row}", "/ui/live/board")
+        for page in (*fragments, "/ui/live/trends?window=day"):
             got = http.get(page)
             assert got.status_code == 200 and "action-requeue" not in got.text and "cancel-t1" not in got.text
         csrf = _csrf(http.get("/ui").text)
@@ -821,6 +831,8 @@ GETS = [
     "/ui/board?board={}",
     "/ui/board?done={}",
     "/ui/live/board?board={}",
+    "/ui/trends?window={}",
+    "/ui/live/trends?window={}",
     "/ui/login?next={}",
     "/ui/login?next=/ui{}",
     "/ui/rows/{}/requeue",
@@ -984,3 +996,45 @@ def test_two_sign_ins_in_the_same_second_get_different_sessions(store: PoolStore
     flipped = cookies[0][:-1] + ("1" if cookies[0].endswith("0") else "0")
     forged = Request({**scope, "headers": [(b"cookie", f"{COOKIE}={flipped}".encode())]})
     assert not auth.signed_in(forged, now=1_700_000_001.0)
+
+
+# --- trends -----------------------------------------------------------------------------------
+
+
+def series(driver: WebDriver, chart: str, name: str, field: str) -> str:
+    line = driver.find_element(By.CSS_SELECTOR, f'#chart-{chart} polyline[data-series="{name}"]')
+    return str(line.get_attribute(f"data-{field}"))
+
+
+def test_the_trends_page_shows_a_failure_spike_without_a_reload(driver: WebDriver, console: Console) -> None:
+    """Given the Trends page open; when 40 failures are recorded, its chart shows the spike in place."""
+    row = console.claimed_row("t1", 0)
+    signed_in(driver, console, then="/ui/trends")
+    assert series(driver, "events", "failures", "total") == "0"
+    assert series(driver, "rows", "assigned", "last") == "1"
+    svg = driver.find_element(By.CSS_SELECTOR, "#chart-events svg")
+    assert svg.get_attribute("role") == "img" and "Transitions per minute" in str(
+        svg.get_attribute("innerHTML")
+    )
+    driver.execute_script("window.noReload = 'still the same page'")
+
+    with console.store.session() as s:
+        events = [audit.Event(row, EventKind.FAILURE, "test", "assigned", "assigned", detail=POISON)] * 40
+        audit.append(s, events, now=time.time())
+    until(
+        "the spike on the chart", lambda: series(driver, "events", "failures", "peak") == "40", driver=driver
+    )
+    assert series(driver, "events", "failures", "total") == "40"
+    described = driver.find_element(By.CSS_SELECTOR, "#chart-events desc").get_attribute("textContent")
+    assert "failures: total 40, peak 40" in str(described)
+    cells = driver.find_elements(By.CSS_SELECTOR, "#chart-events table tbody td")
+    assert "40" in [c.get_attribute("textContent") for c in cells]  # the table says it too
+    assert driver.execute_script("return window.noReload") == "still the same page"
+
+    colours = {}
+    for scheme in ("light", "dark"):
+        browser.color_scheme(driver, scheme)
+        line = driver.find_element(By.CSS_SELECTOR, '#chart-events polyline[data-series="failures"]')
+        colours[scheme] = driver.execute_script("return getComputedStyle(arguments[0]).stroke", line)
+    browser.color_scheme(driver, "light")
+    assert colours["light"] != colours["dark"], colours
