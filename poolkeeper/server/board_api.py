@@ -284,13 +284,11 @@ def run(
     max_connections: int,
     max_per_client: int,
 ) -> None:
-    if local_only and not limits.is_loopback(host):
-        raise SettingsError(f"--local-only: {host} is not a loopback address (127.0.0.1, ::1, localhost)")
-    if not settings.board_token and not local_only:
-        raise SettingsError(
-            "POOL_BOARD_TOKEN (or POOL_BOARD_TOKEN_FILE) is not set: board serve refuses to start without"
-            " auth; give --local-only to serve a loopback address without a token"
-        )
+    unset = (
+        "POOL_BOARD_TOKEN (or POOL_BOARD_TOKEN_FILE) is not set: board serve refuses to start without"
+        " auth; give --local-only to serve a loopback address without a token"
+    )
+    serve.check_auth(host, local_only, settings.board_token, unset)
     board = served_board(settings)
     sock = serve.bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
@@ -300,8 +298,7 @@ def run(
         file=sys.stderr,
         flush=True,
     )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # /readyz reads the schema version
+    serve.quiet_logs()
     app = create_board_app(settings, board, local_only=local_only)
     serve.guarded(app, settings, access_log, max_connections, max_per_client).run(sockets=[sock])
 

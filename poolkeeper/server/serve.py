@@ -32,15 +32,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("poolkeeper.server")
 
 
-def check_auth(settings: Settings, host: str, local_only: bool) -> None:
-    """No secret: only ``--local-only`` on a loopback address (raises ``SettingsError`` otherwise)."""
+def check_auth(host: str, local_only: bool, secret: str, unset: str) -> None:
+    """No ``secret``: only ``--local-only`` on a loopback address (else ``SettingsError``, ``unset`` if none).
+
+    For ``serve`` (the server secret) and ``board serve`` (the board token) alike.
+    """
     if local_only and not is_loopback(host):
         raise SettingsError(f"--local-only: {host} is not a loopback address (127.0.0.1, ::1, localhost)")
-    if not settings.server_secret and not local_only:
-        raise SettingsError(
-            "POOL_SERVER_SECRET (or POOL_SERVER_SECRET_FILE) is not set: serve refuses to start without"
-            " auth; give --local-only to serve a loopback address without tokens"
-        )
+    if not secret and not local_only:
+        raise SettingsError(unset)
 
 
 def check_store(settings: Settings) -> None:
@@ -92,7 +92,11 @@ def run(
     max_connections: int,
     max_per_client: int,
 ) -> None:
-    check_auth(settings, host, local_only)
+    unset = (
+        "POOL_SERVER_SECRET (or POOL_SERVER_SECRET_FILE) is not set: serve refuses to start without"
+        " auth; give --local-only to serve a loopback address without tokens"
+    )
+    check_auth(host, local_only, settings.server_secret, unset)
     check_store(settings)
     sock = bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
@@ -101,11 +105,16 @@ def run(
 
     from poolkeeper.server.app import create_app
 
+    quiet_logs()
+    app = create_app(settings, local_only=local_only)
+    guarded(app, settings, access_log, max_connections, max_per_client).run(sockets=[sock])
+
+
+def quiet_logs() -> None:
+    """The servers' log: INFO lines with their time, without a line per schema read or board call."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # /readyz reads the schema version
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per call of an http(s) board otherwise
-    app = create_app(settings, local_only=local_only)
-    guarded(app, settings, access_log, max_connections, max_per_client).run(sockets=[sock])
 
 
 def guarded(
