@@ -24,6 +24,7 @@ and ``skip``. Why each rule matters to the maintenance plane: docs/board-backend
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -76,7 +77,7 @@ def together(calls: list[Callable[[], T]]) -> list[T]:
         return [f.result() for f in [pool.submit(run, call) for call in calls]]
 
 
-def sqlite_write_lock(path: str) -> Busy:
+def sqlite_write_lock(path: str | os.PathLike[str]) -> Busy:
     """A ``busy`` for a backend on the SQLite file ``path``: another connection holds its write lock.
 
     Readers still read; a writer waits out its busy timeout, then must raise ``TransientError``.

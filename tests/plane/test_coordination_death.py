@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ import yaml  # type: ignore[import-untyped]  # (PyYAML comes with yamllint, a de
 
 from board import TaskStatus
 from poolkeeper.embedded import CeleryProc, supervise, wait_for
+from poolkeeper.testing.board_contract import sqlite_write_lock
 from tests.helpers import PlaneEnv
 
 pytestmark = pytest.mark.integration
@@ -34,18 +32,6 @@ def start_worker(e: PlaneEnv, name: str) -> CeleryProc:
     proc = CeleryProc("worker", e.settings.env(), e.tmp, name, concurrency=1)
     e.procs.append(proc)
     return proc.wait_ready()
-
-
-@contextmanager
-def write_locked(path: Path) -> Iterator[None]:
-    """Hold the database's write lock: a writer in another process waits in SQLite's busy loop."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    finally:
-        conn.execute("ROLLBACK")
-        conn.close()
 
 
 def holder(e: PlaneEnv, lock: str) -> int | None:
@@ -98,7 +84,7 @@ def test_dispatch_resumes_within_two_ticks_after_its_holder_is_killed(env: Plane
     start_worker(env, "w1")
     start_worker(env, "w2")
     env.beat()
-    with write_locked(env.tmp / "board.db"):
+    with sqlite_write_lock(env.tmp / "board.db")():
         pid = wait_holder(env, "dispatch")
         # When the dispatcher (its child, or its whole worker) is killed while it holds the lock
         killed = kill(env, victim, pid)
@@ -122,7 +108,7 @@ def test_a_claim_whose_materializer_is_killed_gets_its_row_within_two_reconcile_
     start_worker(env, "w1")
     start_worker(env, "w2")
     env.beat()
-    with write_locked(env.tmp / "pool.db"):
+    with sqlite_write_lock(env.tmp / "pool.db")():
         [task] = env.add_tasks(1)
         pid = wait_holder(env, f"materialize:b:{task}:1")
         ordinal = wait_alone(env)
@@ -147,7 +133,7 @@ def test_a_worker_under_a_redis_restart_reconnects_or_exits_and_is_restarted(env
     # Given a worker and beat serving, the worker in the middle of a message (unacknowledged)
     worker = start_worker(env, "w1")
     env.beat()
-    with write_locked(env.tmp / "pool.db"):
+    with sqlite_write_lock(env.tmp / "pool.db")():
         [during] = env.add_tasks(1, prefix="during")
         wait_holder(env, f"materialize:b:{during}:1")
         # When Redis restarts under them (its queue, markers and reservations gone with it),
