@@ -71,7 +71,7 @@ class DemoOptions:
     timeout: float
     workdir: Path | None
     seed: int | None
-    board: str = "sqlite"  # or "http": the plane reaches the board only through `poolctl board serve`
+    board: str  # "sqlite", or "http": the plane reaches the board only through `poolctl board serve`
 
 
 def demo_settings(opts: DemoOptions, workdir: Path, redis_url: str) -> Settings:
