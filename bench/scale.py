@@ -128,9 +128,16 @@ class Probe:
 
     def snapshot(self, groups: dict[str, list[int]]) -> dict[str, dict[int, float]]:
         ours, background = self.pg_pids()
+        with self.admin.connect() as conn:
+            sql = "SELECT sessions FROM pg_stat_database WHERE datname = :d"
+            sessions = conn.scalar(text(sql), {"d": self.database})
         snap = {name: group_cpu(pgids) for name, pgids in groups.items()}
         snap["postgres"] = {p: _cpu(f) for p in ours if (f := _stat(p))}
         snap["pg background"] = {p: _cpu(f) for p in background if (f := _stat(p))}
+        first = _stat(background[0]) if background else None
+        reaped = _stat(int(first[1])) if first else None  # the postmaster: its exited children's CPU
+        snap["pg exited"] = {0: (int(reaped[13]) + int(reaped[14])) / TICK if reaped else 0.0}
+        snap["pg sessions"] = {0: float(sessions or 0)}
         snap["machine"] = {0: machine_busy()}
         snap["this process"] = {0: time.process_time()}
         return snap
@@ -382,7 +389,7 @@ def heartbeat_rows(store: PoolStore, n: int) -> None:
         conn.commit()
 
 
-HTTP_ORDER = ["serve", "postgres", "pg background", "clients"]
+HTTP_ORDER = ["serve", "postgres", "pg exited", "pg background", "clients"]
 
 
 def serve_scaling(pg: str, work: Path, args: argparse.Namespace, probe: Probe) -> list[tuple[Any, ...]]:
@@ -423,7 +430,7 @@ def serve_scaling(pg: str, work: Path, args: argparse.Namespace, probe: Probe) -
     return rows
 
 
-STORM_ORDER = ["workers", "postgres", "pg background", "redis", "this process"]
+STORM_ORDER = ["workers", "postgres", "pg exited", "pg background", "redis", "this process"]
 
 
 def storm_cell(
@@ -472,7 +479,8 @@ def print_scaling(
         f"\nscale-out on PostgreSQL: {args.clients} client connections, {args.client_procs} client processes"
     )
     head = ["what", "processes", "per s", "x 1 process", "p50 ms", "p99 ms", "errors"]
-    head += ["serve/worker µs CPU per call", "postgres µs", "client µs", "machine busy (cores)"]
+    head += ["serve/worker µs CPU per call", "postgres µs", "client µs", "PG sessions opened"]
+    head.append("machine busy (cores)")
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     base: dict[str, float] = {}
@@ -486,6 +494,7 @@ def print_scaling(
             f"{got.errors}" + (f" ({got.first_error})" if got.errors else ""),
         ]
         cells += [f"{1e6 * c[k] / max(got.calls, 1):.0f}" for k in ("serve", "postgres", "clients")]
+        cells.append(f"{c['pg sessions']:.0f}")
         cells.append(f"{c['machine'] / got.seconds:.2f}")
         print("| " + " | ".join(cells) + " |")
     for label, n, rate, cpu, seconds in storms:
@@ -493,6 +502,7 @@ def print_scaling(
         rows = rate * seconds
         cells = [f"storm rows ({label})", f"{n}", f"{rate:.0f}", f"{rate / base[label]:.2f}", "", "", ""]
         cells += [f"{1e6 * cpu['workers'] / rows:.0f}", f"{1e6 * cpu['postgres'] / rows:.0f}", ""]
+        cells.append(f"{cpu['pg sessions']:.0f}")
         cells.append(f"{cpu['machine'] / seconds:.2f}")
         print("| " + " | ".join(cells) + " |")
 
@@ -518,14 +528,11 @@ def serve_memory(pg: str, work: Path, args: argparse.Namespace, probe: Probe) ->
     serve = ServeProc(settings.env(), work, secret=secret, name="serve-memory").wait_ready()
     try:
         idle = rss_mb(serve.proc.pid)
-        spec = Spec(
-            "heartbeat", (serve.port,), secret, 0, HEARTBEAT_ROWS, args.clients, calls=2_000 // args.clients
-        )
+        clients = min(args.clients, 8)  # within the serve's 8 pooled connections: no connection churn
+        spec = Spec("heartbeat", (serve.port,), secret, 0, HEARTBEAT_ROWS, clients, calls=2_000 // clients)
         load(spec, args.client_procs, probe, [serve])
         warm = rss_mb(serve.proc.pid)
-        got = load(
-            replace(spec, calls=max(args.heartbeats // args.clients, 1)), args.client_procs, probe, [serve]
-        )
+        got = load(replace(spec, calls=max(args.heartbeats // clients, 1)), args.client_procs, probe, [serve])
         after = rss_mb(serve.proc.pid)
     finally:
         serve.stop()
