@@ -29,14 +29,18 @@ after 2,000 heartbeats and after 100,000 more; a Celery worker's RSS after a
 queries (expire with 2,000 due rows, results and lease_failures with none) on a table
 of 10,000, 100,000 and 1,000,000 rows, on PostgreSQL and SQLite.
 
-Where it stops on this 2-core machine, and why (the figures of docs/design.md, "At
-scale: 100,000 ordinals"): heartbeats stop scaling at 2 serve processes, because by
-then the two cores are busy: the serve processes spend more CPU per heartbeat than
-PostgreSQL does, and together they fill the machine; a 4th process only adds
-scheduling. The storm does not scale with worker processes here at all: the work per
-row is mostly PostgreSQL's (the set UPDATE, its audit INSERT) and the scanner's, so
-more Celery processes only take turns at the same two cores. Past one machine, serve
-replicas and worker hosts add CPU where they run; the store then is the shared limit.
+Where it stops on this 2-core machine, and why (docs/design.md, "At scale: 100,000
+ordinals"): heartbeats are CPU-bound from the first replica on. Each costs about 3.3 ms
+of serve CPU and 1.1 ms of PostgreSQL CPU, so two cores cap the machine near 450/s
+however many replicas run; the CPU columns show both cores busy in every cell. What more
+replicas buy here is fewer requests in flight per replica: past its 8 pooled
+connections a replica opens and closes a PostgreSQL connection per request ("PG sessions
+opened", and "pg exited": the CPU of backends that ended within the cell), and at 4
+replicas of 8 connections that churn is gone. The storm scales past 2 processes on 2
+cores because one worker process is bound by its batches' round trips, not by its CPU
+(about 40 µs a row in the worker, 80 µs in PostgreSQL); it stops when PostgreSQL's
+backends and the workers together fill the cores. The client processes stay under a
+tenth of a core.
 
     python bench/scale.py [--only scale|memory] [--quick] [--seconds S] [--clients C]
         [--client-procs P] [--storm-rows N] [--heartbeats N] [--big N] [--scan-sizes A,B,C]
