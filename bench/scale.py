@@ -74,6 +74,8 @@ from poolkeeper import tokens
 from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc
 from store import PoolStore, queries
 from store.models import RowState
+from tasks import gc
+from tasks.plane import LocalCoordination, Plane
 
 HEARTBEAT_ROWS = 30_000  # running rows the heartbeats cycle through
 IDLE_ORDINALS = 2_000  # ordinals with nothing to run, polled with offer
@@ -648,12 +650,54 @@ def print_scan(backend: str, got: list[tuple[int, dict[str, float]]]) -> None:
         print(f"  {backend:10} {size:>9,} rows, {DUE} due: {cells}")
 
 
+GC_SQL = {  # n delivery records and n audit events, all past the retention, in one statement each
+    "deliveries": "INSERT INTO deliveries (delivery_id, assignment_id, kind, digest, created_at)"
+    " SELECT 'd' || i, i, 'heartbeat', :digest, :at FROM {series}",
+    "events": "INSERT INTO audit_events"
+    " (row_id, kind, actor, from_state, to_state, attempt, fence, detail, at)"
+    " SELECT i, 'grant', 'bench', 'assigned', 'running', 1, 1, '', :at FROM {series}",
+}
+
+
+def gc_pace(url: str, n: int) -> tuple[float, float, float]:
+    """(records written per second, records gc deletes per second, the old cap's per second): n delivery
+    records and n audit events past the retention, written in bulk, then one ``tasks.gc`` sweep."""
+    settings = Settings(database_url=url, board_url=url)
+    store = PoolStore.from_settings(settings)
+    store.migrate()
+    pg = store.engine.dialect.name == "postgresql"
+    series = "generate_series(1, :n) AS s(i)" if pg else "seq"
+    prefix = "" if pg else "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < :n) "
+    old = time.time() - 2 * settings.retention_seconds
+    t0 = time.perf_counter()
+    for sql in GC_SQL.values():
+        with store.session() as s:
+            s.execute(text(prefix + sql.format(series=series)), {"n": n, "digest": DIGEST, "at": old})
+    wrote = 2 * n / (time.perf_counter() - t0)
+    plane = Plane(settings, store, None, LocalCoordination())  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    got = gc.collect(plane, time.time())
+    deleted = (got.deliveries + got.events) / (time.perf_counter() - t0)
+    assert (got.deliveries, got.events, got.behind) == (n, n - 1, False), got  # the newest event stays
+    store.engine.dispose()
+    return wrote, deleted, 2 * 20 * settings.gc_batch / settings.gc_seconds  # 20 batches an interval, once
+
+
+def print_gc(backend: str, n: int, pace: tuple[float, float, float]) -> None:
+    wrote, deleted, cap = pace
+    print(
+        f"  gc, {backend:10} {n:,} old delivery records + {n:,} old audit events: deleted {deleted:,.0f}/s,"
+        f" written in bulk {wrote:,.0f}/s ({deleted / wrote:.2f}x); the old cap of 20 batches an"
+        f" interval deleted {cap:.1f}/s ({deleted / cap:,.0f}x less)"
+    )
+
+
 # ---- main ----
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("scale", "memory"), help="one part (default: both)")
+    parser.add_argument("--only", choices=("scale", "memory", "gc"), help="one part (default: all)")
     parser.add_argument("--quick", action="store_true", help="short cells and small sizes: a smoke run")
     parser.add_argument("--seconds", type=float, default=8.0, help="per HTTP cell")
     parser.add_argument("--clients", type=int, default=32, help="client connections")
@@ -664,6 +708,7 @@ def main() -> None:
         "--big", type=int, default=100_000, help="rows of the big storm, for the worker's RSS"
     )
     parser.add_argument("--scan-sizes", default="10000,100000,1000000")
+    parser.add_argument("--gc-records", type=int, default=200_000, help="of each kind, for gc's pace")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.storm_rows, args.heartbeats, args.big = 2.0, 5_000, 10_000, 10_000
@@ -681,16 +726,19 @@ def main() -> None:
         redis = RedisServer(work).start()
         probe = Probe(pg.rsplit("/", 1)[1])
         try:
-            if args.only != "memory":
+            if args.only in (None, "scale"):
                 http = serve_scaling(pg, work, args, probe)
                 storms = storm_scaling(pg, work, args, probe, redis)
                 print_scaling(http, storms, args)
-            if args.only != "scale":
+            if args.only in (None, "memory"):
                 serve_memory(pg, work, args, probe)
                 worker_memory(pg, work, args, redis)
                 print(f"  scan cost: each scanner's first page, median of {SCAN_REPEATS}, x smallest")
                 print_scan("PostgreSQL", scan_cost(pg, sizes))
                 print_scan("SQLite", scan_cost(f"sqlite:///{work}/scan.db", sizes))
+            if args.only in (None, "memory", "gc"):
+                print_gc("PostgreSQL", args.gc_records, gc_pace(pg, args.gc_records))
+                print_gc("SQLite", args.gc_records, gc_pace(f"sqlite:///{work}/gc.db", args.gc_records))
         finally:
             probe.close()
             redis.stop()

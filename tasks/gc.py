@@ -3,9 +3,15 @@
 Qualifies: ``finalized`` and ``stale`` rows (and only those) whose last change
 is older than the retention, and delivery records and audit events older than
 it (an event goes by its age, whatever its row's state).
-Does: deletes them in bounded batches, one short transaction each, and stops
-after ``MAX_BATCHES`` so no tick holds the write lock for long; the rest waits
-for the next tick. ``lease_failed`` rows are never collected.
+Does: deletes them in batches of ``gc_batch``, one short transaction each (so no
+transaction holds the write lock for long), until none is left or the sweep has
+run for half the task's time limit (``budget``). The deletion rate is the
+database's, not a fixed count per sweep: a pool that writes more delivery
+records in an interval than a fixed count would delete grows without end. A
+sweep that ends on its budget with garbage left says so (a warning, and
+``behind`` in its log line); the rest waits for the next sweep, and an operator
+who sees the warning every sweep shortens ``GC_SECONDS``. ``lease_failed`` rows
+are never collected.
 Returns: ``collected`` (counts in a ``Collected``, the log line and the
 ``poolkeeper_gc_deleted`` counter, ``kind`` rows, deliveries or events) or
 ``nothing``.
@@ -14,7 +20,8 @@ Returns: ``collected`` (counts in a ``Collected``, the log line and the
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from store import audit, transitions
@@ -23,7 +30,6 @@ from tasks.declaration import Key, Lock, Outcome, Pass, Submit
 from tasks.plane import Plane
 
 log = logging.getLogger("poolkeeper.maintenance")
-MAX_BATCHES = 20
 ALL: Sequence[Key] = ("all",)  # one key: GC is one sweep, under its own lock
 
 
@@ -32,33 +38,46 @@ class Collected:
     rows: int = 0
     deliveries: int = 0
     events: int = 0
+    behind: bool = False  # the sweep ended on its budget with garbage left
 
 
-def collect(plane: Plane, now: float) -> Collected:
+def budget(plane: Plane) -> float:
+    """Seconds a sweep may run: half the task's hard limit, well inside the soft one (80 %)."""
+    return plane.settings.task_time_limit / 2
+
+
+def collect(plane: Plane, now: float, *, clock: Callable[[], float] = time.monotonic) -> Collected:
     rows = deliveries = events = 0
     batch, retention = plane.settings.gc_batch, plane.settings.retention_seconds
-    for _ in range(MAX_BATCHES):
+    ends = clock() + budget(plane)
+    while True:
         with plane.store.session() as s:
             r, d = transitions.collect_garbage(s, retention_seconds=retention, batch=batch, now=now)
             e = audit.collect(s, cutoff=now - retention, batch=batch)
         rows, deliveries, events = rows + r, deliveries + d, events + e
         if r < batch and d < batch and e < batch:
-            break
-    return Collected(rows, deliveries, events)
+            return Collected(rows, deliveries, events)
+        if clock() >= ends:
+            return Collected(rows, deliveries, events, behind=True)
 
 
 def run(plane: Plane, _key: Key, now: float) -> Outcome:
     got = collect(plane, now)
     if not (got.rows or got.deliveries or got.events):
         return Outcome.NOTHING
-    for kind, n in got.__dict__.items():  # the label is a field name: rows, deliveries, events
+    counts = {"rows": got.rows, "deliveries": got.deliveries, "events": got.events}
+    for kind, n in counts.items():  # the metric's kind label
         metrics.GC_DELETED.labels(kind).inc(n)
-    log.info(
-        "gc: deleted %d rows, %d deliveries, %d audit events",
+    log.log(
+        logging.WARNING if got.behind else logging.INFO,
+        "gc: deleted %d rows, %d deliveries, %d audit events%s",
         got.rows,
         got.deliveries,
         got.events,
-        extra={"gc": got.__dict__},
+        f"; behind: garbage is left after this sweep's {budget(plane):g}s (shorten GC_SECONDS)"
+        if got.behind
+        else "",
+        extra={"gc": {**counts, "behind": got.behind}},
     )
     return Outcome.COLLECTED
 
