@@ -13,13 +13,25 @@ import contextlib
 import threading
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from core import db
 from core.errors import SettingsError, TransientError
 from core.settings import Settings
-from poolkeeper.server import children, console, console_search, deps, errors, limits, probes, protocol
+from poolkeeper.server import (
+    children,
+    console,
+    console_search,
+    deps,
+    errors,
+    group,
+    lane,
+    limits,
+    probes,
+    protocol,
+)
 from poolkeeper.status import redis_reader
 from store import PoolStore
 from tasks import collectors
@@ -48,6 +60,7 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
     # processes (the plane) still meet the busy handler. PostgreSQL takes row locks: no queue.
     gate = _OneWriter() if pool.engine.dialect.name == "sqlite" else contextlib.nullcontext()
     app.state.writer = deps.Writer(gate)
+    app.state.heartbeats = group.GroupCommit(pool.heartbeats, gate)
     app.state.metrics = registry = CollectorRegistry()
     for router in (protocol.router, children.router, probes.router):
         app.include_router(router)
@@ -73,6 +86,7 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
         buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     )
     # Outermost last: metrics see every answer, including the body limit's.
+    app.add_middleware(lane.HeartbeatLane, route=_route(protocol.router, lane.PATH))
     app.add_middleware(
         limits.BodyLimit, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout_seconds
     )
@@ -94,6 +108,12 @@ class _OneWriter:
 
     def __exit__(self, *_: object) -> None:
         self.lock.release()
+
+
+def _route(router: APIRouter, path: str) -> APIRoute:
+    found = [r for r in router.routes if isinstance(r, APIRoute) and r.path == path]
+    assert len(found) == 1, path
+    return found[0]
 
 
 def server_store(settings: Settings) -> PoolStore:
