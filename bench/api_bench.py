@@ -119,8 +119,8 @@ class RawHeartbeats:
 
     def __init__(self, url: str, token: str, offer: Offer) -> None:
         host, port = url.removeprefix("http://").split(":")
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.address = (host, int(port))
+        self.sock: socket.socket | None = None
         self.head = (
             f"POST /v1/heartbeat HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
             "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n"
@@ -129,6 +129,17 @@ class RawHeartbeats:
         self.buffer = b""
 
     def __call__(self) -> None:
+        try:
+            self._beat()
+        except Exception:
+            self.close()  # as a client would: a fresh connection for the next call
+            raise
+
+    def _beat(self) -> None:
+        if self.sock is None:  # a connection idle past the server's keep-alive was closed
+            self.sock = socket.create_connection(self.address)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.buffer = b""
         body = json.dumps(envelope(self.offer)).encode()
         self.sock.sendall(self.head.format(len(body)).encode() + body)
         while b"\r\n\r\n" not in self.buffer:
@@ -142,13 +153,16 @@ class RawHeartbeats:
             raise AssertionError(f"{head.splitlines()[0]!r}: {answer[:200]!r}")
 
     def _recv(self) -> bytes:
+        assert self.sock is not None
         got = self.sock.recv(65536)
         if not got:
             raise ConnectionError("the server closed the connection")
         return got
 
     def close(self) -> None:
-        self.sock.close()
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 def grants(store: PoolStore) -> list[Offer]:
@@ -269,13 +283,16 @@ def main() -> None:
             f"{d.errors}/{h.errors}",
         )
         print("| " + " | ".join(str(c) for c in cells) + " |")
+    print("\ntargets (issue 20, item 3): >= 2,000/s at 8 clients, >= 1.0x direct at 64, p99 < 50 ms")
     for name, n, d, h in rows:
-        if name == "sqlite" and n == 8:
-            ok = h.rate >= 0.5 * d.rate and h.pct(99) < 50
-            print(
-                f"\ntarget (SQLite, 8 clients: HTTP >= 0.5x direct, p99 < 50 ms): "
-                f"{'met' if ok else 'NOT met'} ({h.rate / d.rate:.2f}x, p99 {h.pct(99):.1f} ms)"
-            )
+        if n == 8:
+            goal, ok = f"{h.rate:.0f}/s >= 2,000/s", h.rate >= 2000
+        elif n == 64:
+            goal, ok = f"{h.rate / d.rate:.2f}x >= 1.0x", h.rate >= d.rate
+        else:
+            continue
+        ok = ok and h.pct(99) < 50
+        print(f"  {name} {n} clients: {'met' if ok else 'NOT met'} ({goal}, p99 {h.pct(99):.1f} ms)")
 
 
 if __name__ == "__main__":

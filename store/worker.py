@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, NoReturn, cast
 
-from sqlalchemy import Connection, Table, and_, bindparam, literal, select, text
+from sqlalchemy import Connection, Table, and_, bindparam, func, literal, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -145,11 +145,13 @@ _HAND_BACK = db.Prepared(
     )
 )
 _DELIVERY = db.Prepared(select(_D.c.kind, _D.c.digest).where(_D.c.delivery_id == bindparam("delivery_id")))
-# A heartbeat in two statements where it takes four: its delivery is recorded only if the holder
-# is the row's current one (``_HOLDER``) and its id is new, then the lease is extended under the
-# same guard. Anything else records nothing and goes the long way (``_admit``), which answers it.
-_NEW_HEARTBEAT = {
-    dialect.dialect.name: db.Prepared(
+
+
+def _new_delivery(dialect: Any) -> Any:
+    """A new heartbeat's delivery, recorded only if the holder is the row's current one (``_HOLDER``)
+    and its id is new. ``new_heartbeat`` then extends the lease under the same guard: two
+    statements where the long way (``_admit``) takes four; anything else records nothing."""
+    return (
         dialect.insert(_D)
         .from_select(
             ["delivery_id", "assignment_id", "kind", "digest", "created_at"],
@@ -158,10 +160,26 @@ _NEW_HEARTBEAT = {
             ).where(_HOLDER),
         )
         .on_conflict_do_nothing(index_elements=["delivery_id"])
-        .returning(_D.c.delivery_id)
+        .returning(_D.c.assignment_id)
     )
-    for dialect in (postgresql, sqlite)
-}
+
+
+_NEW_HEARTBEAT = db.Prepared(_new_delivery(sqlite))
+# On PostgreSQL both in one round trip: the guarded UPDATE of the row whose delivery it recorded.
+_RECORDED = _new_delivery(postgresql).cte("recorded")
+_EXTENDED = (
+    T.update()
+    .where(T.c.id.in_(select(_RECORDED.c.assignment_id)), _HOLDER)
+    .values(lease_until=bindparam("new_lease"), updated_at=bindparam("now"))
+    .returning(T.c.id)
+    .cte("extended")
+)
+_NEW_HEARTBEAT_AT_ONCE = db.Prepared(
+    select(
+        select(func.count()).select_from(_RECORDED).scalar_subquery(),
+        select(func.count()).select_from(_EXTENDED).scalar_subquery(),
+    )
+)
 _FORGET = db.Prepared(_D.delete().where(_D.c.delivery_id == bindparam("delivery_id")))
 _RECORD = {
     dialect.dialect.name: db.Prepared(
@@ -309,9 +327,15 @@ def new_heartbeat(conn: Connection, env: Envelope, *, lease_seconds: float, now:
     checking and answering it. Raises only what the database raises.
     """
     holder = {**_holder(env, now), "delivery_id": env.delivery_id, "digest": env.digest()}
-    if not _NEW_HEARTBEAT[conn.dialect.name].run(conn, holder).rows:
+    holder["new_lease"] = now + lease_seconds
+    if conn.dialect.name == "postgresql":
+        recorded, extended = _NEW_HEARTBEAT_AT_ONCE.run(conn, holder).rows[0]
+    else:
+        recorded = len(_NEW_HEARTBEAT.run(conn, holder).rows)
+        extended = _EXTEND.run(conn, holder).rowcount if recorded else 0
+    if not recorded:
         return False
-    if _EXTEND.run(conn, {**holder, "new_lease": now + lease_seconds}).rowcount == 1:
+    if extended == 1:
         return True
     _FORGET.run(conn, holder)  # the row moved between the two (PostgreSQL): the long way says how
     return False

@@ -37,6 +37,7 @@ from store import PoolStore
 from tasks import collectors
 
 API_VERSION = "1"
+HEARTBEAT_WRITERS = 8  # on PostgreSQL: group commits under way at once (each on a connection of its own)
 
 
 def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore | None = None) -> FastAPI:
@@ -58,9 +59,11 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
     # polling the file lock in the busy handler, whose growing sleeps starve some callers for seconds
     # under load (p99 at 8 clients: 1.7 s without, under 0.1 s with; bench/api_bench.py). Other
     # processes (the plane) still meet the busy handler. PostgreSQL takes row locks: no queue.
-    gate = _OneWriter() if pool.engine.dialect.name == "sqlite" else contextlib.nullcontext()
+    sqlite = pool.engine.dialect.name == "sqlite"
+    gate = _OneWriter() if sqlite else contextlib.nullcontext()
     app.state.writer = deps.Writer(gate)
-    app.state.heartbeats = group.GroupCommit(pool.heartbeats, gate)
+    writers = 1 if sqlite else HEARTBEAT_WRITERS
+    app.state.heartbeats = group.GroupCommit(pool.heartbeats, gate, writers=writers)
     app.state.metrics = registry = CollectorRegistry()
     for router in (protocol.router, children.router, probes.router):
         app.include_router(router)

@@ -12,9 +12,11 @@ transaction, so an error stays the heartbeat's that caused it. Nothing is
 answered before its commit.
 
 No heartbeat waits for a timer: a lone one is applied at once, and a batch only
-forms while the previous one is committing. The writer is this process's only
-heartbeat writer, so on SQLite it queues on the server's write gate once per
-batch rather than once per request.
+forms while the previous one is committing. On SQLite one writer is this
+process's only heartbeat writer, so it queues on the server's write gate once per
+batch rather than once per request. PostgreSQL takes row locks, and a lone
+writer there waits out each round trip in turn: a few writers (``writers``),
+each with its own transaction, overlap them.
 """
 
 from __future__ import annotations
@@ -39,28 +41,29 @@ class GroupCommit(Generic[T, R]):
         apply: Callable[[Sequence[T]], Sequence[R | Exception]],
         gate: AbstractContextManager[None],
         *,
+        writers: int = 1,
         max_batch: int = 64,
     ) -> None:
-        self.apply, self.gate, self.max_batch = apply, gate, max_batch
+        self.apply, self.gate, self.writers, self.max_batch = apply, gate, writers, max_batch
         self._queue: queue.SimpleQueue[tuple[T, Future[R]]] = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
+        self._started = False
         self._starting = threading.Lock()
 
     async def __call__(self, item: T) -> R:
         return await asyncio.wrap_future(self.submit(item))
 
     def submit(self, item: T) -> Future[R]:
-        if self._writer is None:
-            self._start()  # on first use: a server process's thread, never one a fork copied
+        if not self._started:
+            self._start()  # on first use: a server process's threads, never ones a fork copied
         done: Future[R] = Future()
         self._queue.put((item, done))
         return done
 
     def _start(self) -> None:
         with self._starting:
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write, name="group-commit", daemon=True)
-                self._writer.start()
+            for n in range(0 if self._started else self.writers):
+                threading.Thread(target=self._write, name=f"group-commit-{n}", daemon=True).start()
+            self._started = True
 
     def _write(self) -> None:
         while True:
