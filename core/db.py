@@ -403,6 +403,21 @@ def savepoint(conn: Connection) -> Iterator[None]:
 _savepoints = itertools.count()
 
 
+def intact(conn: Connection) -> bool:
+    """Whether ``conn``'s transaction can go on after an error a ``savepoint`` undid.
+
+    Not when the database ended it (SQLite's rollbacks) or marked it failed (PostgreSQL,
+    when undoing the savepoint failed too): nothing of it will commit.
+    """
+    if not conn.in_transaction():
+        return False
+    driver: Any = conn.connection.driver_connection
+    if conn.dialect.name == "sqlite":
+        return bool(driver.in_transaction)
+    status = getattr(getattr(driver, "info", None), "transaction_status", None)
+    return status is None or status.name != "INERROR"
+
+
 _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
 

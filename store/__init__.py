@@ -11,7 +11,7 @@ needs are passed in (``PoolStore.from_settings`` unpacks them at the edge).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -145,6 +145,42 @@ class PoolStore:
         if noted:
             self._presence.written(env.worker_ordinal, None, now)
         return outcome
+
+    def heartbeats(
+        self, envelopes: Sequence[Envelope], *, now: float | None = None
+    ) -> list[Literal["applied", "duplicate"] | Exception]:
+        """Many holders' heartbeats in one transaction and one commit: ``poolctl serve``'s group commit.
+
+        Each is applied as ``heartbeat`` applies it alone, and its answer is its outcome
+        or the error it raised (a stale fence, an ended lease, a conflict). The common
+        case (``worker.new_heartbeat``) writes nothing unless it applies; any other goes
+        the long way under its own savepoint, so a refused one is rolled back alone and
+        never fails its neighbours. Nothing is answered before the commit: if the
+        transaction fails as a whole (the commit, the store away, a database error,
+        a savepoint the database could not undo), this raises and none was written.
+        """
+        now = _now(now)
+        answers: list[Literal["applied", "duplicate"] | Exception] = []
+        noted = []
+        with self.connection() as conn:
+            for env in envelopes:
+                if worker.new_heartbeat(conn, env, lease_seconds=self.lease_seconds, now=now):
+                    answers.append("applied")
+                    if self._note_run(conn, env, Call.HEARTBEAT, now):
+                        noted.append(env.worker_ordinal)
+                    continue
+                try:
+                    with db.transient_errors("pool store", self.engine.url), db.savepoint(conn):
+                        answers.append(worker.heartbeat(conn, env, lease_seconds=self.lease_seconds, now=now))
+                        if self._note_run(conn, env, Call.HEARTBEAT, now):
+                            noted.append(env.worker_ordinal)
+                except Exception as err:
+                    if not db.intact(conn):
+                        raise
+                    answers.append(err)
+        for ordinal in noted:
+            self._presence.written(ordinal, None, now)
+        return answers
 
     def accept_result(
         self, envelope: Mapping[str, Any], *, now: float | None = None

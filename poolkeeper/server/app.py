@@ -13,18 +13,31 @@ import contextlib
 import threading
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from core import db
 from core.errors import SettingsError, TransientError
 from core.settings import Settings
-from poolkeeper.server import children, console, console_search, deps, errors, limits, probes, protocol
+from poolkeeper.server import (
+    children,
+    console,
+    console_search,
+    deps,
+    errors,
+    group,
+    lane,
+    limits,
+    probes,
+    protocol,
+)
 from poolkeeper.status import redis_reader
 from store import PoolStore
 from tasks import collectors
 
 API_VERSION = "1"
+HEARTBEAT_WRITERS = 8  # on PostgreSQL: group commits under way at once (each on a connection of its own)
 
 
 def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore | None = None) -> FastAPI:
@@ -46,8 +59,11 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
     # polling the file lock in the busy handler, whose growing sleeps starve some callers for seconds
     # under load (p99 at 8 clients: 1.7 s without, under 0.1 s with; bench/api_bench.py). Other
     # processes (the plane) still meet the busy handler. PostgreSQL takes row locks: no queue.
-    gate = _OneWriter() if pool.engine.dialect.name == "sqlite" else contextlib.nullcontext()
+    sqlite = pool.engine.dialect.name == "sqlite"
+    gate = _OneWriter() if sqlite else contextlib.nullcontext()
     app.state.writer = deps.Writer(gate)
+    writers = 1 if sqlite else HEARTBEAT_WRITERS
+    app.state.heartbeats = group.GroupCommit(pool.heartbeats, gate, writers=writers)
     app.state.metrics = registry = CollectorRegistry()
     for router in (protocol.router, children.router, probes.router):
         app.include_router(router)
@@ -73,6 +89,7 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
         buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     )
     # Outermost last: metrics see every answer, including the body limit's.
+    app.add_middleware(lane.HeartbeatLane, route=_route(protocol.router, lane.PATH))
     app.add_middleware(
         limits.BodyLimit, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout_seconds
     )
@@ -94,6 +111,12 @@ class _OneWriter:
 
     def __exit__(self, *_: object) -> None:
         self.lock.release()
+
+
+def _route(router: APIRouter, path: str) -> APIRoute:
+    found = [r for r in router.routes if isinstance(r, APIRoute) and r.path == path]
+    assert len(found) == 1, path
+    return found[0]
 
 
 def server_store(settings: Settings) -> PoolStore:

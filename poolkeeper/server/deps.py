@@ -1,7 +1,8 @@
 """What the routes share, as FastAPI dependencies over ``app.state`` (``app.create_app`` sets it).
 
 - ``Pool``: the ``PoolStore``; ``Write``: runs a store write under the app's write gate (on
-  SQLite this process's writers queue on a mutex, elsewhere it is nothing).
+  SQLite this process's writers queue on a mutex, elsewhere it is nothing); ``Heartbeats``:
+  the group commit heartbeats share (``group``), under the same gate.
 - ``Caller``: who the bearer token says the request acts for (``tokens.LOCAL`` on a
   ``--local-only`` server). ``AuthFirst`` routes check it before the body is even read, so
   a request without a token is 401 whatever it sends.
@@ -17,9 +18,10 @@ so the body dependencies that call it are plain functions.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads these annotations at run time.
+import functools
 from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
 from fastapi import Depends, Request, Response
 from fastapi.routing import APIRoute
@@ -28,9 +30,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from core import validate
 from core.errors import Forbidden, InvalidInput, Unauthenticated
 from poolkeeper import tokens
+from poolkeeper.server.group import GroupCommit
 from poolkeeper.tokens import Principal
-from store import PoolStore, rows
+from store import Envelope, PoolStore, rows
 
+Delivered = Literal["applied", "duplicate"]
 P = ParamSpec("P")
 T = TypeVar("T")
 bearer = HTTPBearer(
@@ -62,6 +66,11 @@ async def writing(request: Request) -> Writer:
     return writer
 
 
+async def heartbeats(request: Request) -> GroupCommit[Envelope, Delivered]:
+    group: GroupCommit[Envelope, Delivered] = request.app.state.heartbeats
+    return group
+
+
 async def secret(request: Request) -> str | None:
     found: str | None = request.app.state.secret
     return found
@@ -69,7 +78,13 @@ async def secret(request: Request) -> str | None:
 
 Pool = Annotated[PoolStore, Depends(pool)]
 Write = Annotated[Writer, Depends(writing)]
+Heartbeats = Annotated[GroupCommit[Envelope, Delivered], Depends(heartbeats)]
 Secret = Annotated[str | None, Depends(secret)]
+
+
+def bearer_token(scheme: str, token: str) -> str | None:
+    """The token of an ``Authorization`` header split at its first space; None unless a bearer's."""
+    return token.strip() or None if scheme.lower() == "bearer" else None
 
 
 def authenticate(key: str | None, token: str | None) -> Principal:
@@ -78,10 +93,17 @@ def authenticate(key: str | None, token: str | None) -> Principal:
         return tokens.LOCAL  # a --local-only server: the schema declares no security (app.create_app)
     if token is None:
         raise Unauthenticated("an Authorization: Bearer token is required")
-    found = tokens.verify(key, token)
+    found = _verified(key, token)
     if found is None:
         raise Unauthenticated("the bearer token is not one this server issued")
     return found
+
+
+@functools.lru_cache(maxsize=4096)
+def _verified(key: str, token: str) -> Principal | None:
+    """``tokens.verify``, remembered: a token's MAC under a key never changes, and every worker
+    sends the same token with each call (twice checked per request: ``AuthFirst``, ``Caller``)."""
+    return tokens.verify(key, token)
 
 
 async def caller(
@@ -104,9 +126,7 @@ class AuthFirst(APIRoute):
 
         async def authenticated(request: Request) -> Response:
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            authenticate(
-                request.app.state.secret, token.strip() or None if scheme.lower() == "bearer" else None
-            )
+            authenticate(request.app.state.secret, bearer_token(scheme, token))
             return await handle(request)
 
         return authenticated

@@ -60,9 +60,11 @@ class BodyLimit:
         # the protocol (``transport``) says when the head began; in-process (tests) it is now
         started = scope.get("state", {}).get(STARTED, time.monotonic())
         deadline = started + self.timeout
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
+                async with asyncio.timeout_at(loop.time() + max(deadline - time.monotonic(), 0.001)):
+                    message = await receive()  # a timeout, not ``wait_for``: no task per message
             except TimeoutError:
                 await reply(send, 408, "RequestTimeout", f"request not received within {self.timeout:g}s")
                 return

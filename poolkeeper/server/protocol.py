@@ -6,7 +6,9 @@ the store is called. A heartbeat's or release's envelope reaches the store as th
 models validated it (``Envelope.checked``), not dumped and parsed again; a result's
 payload is still the store's to check (``validate.document``: size, depth, keys).
 Handlers are plain functions, so FastAPI runs them in its thread pool and the event
-loop keeps serving others while one waits on the store.
+loop keeps serving others while one waits on the store; but a heartbeat waits on the
+group commit (``group``), which writes in its own thread, so its handler awaits it on
+the loop, with no trip through the thread pool.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations.
@@ -15,7 +17,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from poolkeeper import tokens
-from poolkeeper.server.deps import AuthFirst, Caller, Pool, Secret, Write, worker_of
+from poolkeeper.server.deps import AuthFirst, Caller, Heartbeats, Pool, Secret, Write, worker_of
 from poolkeeper.server.models import (
     DeliveryResponse,
     Envelope,
@@ -68,9 +70,9 @@ def offer(
 
 
 @router.post("/heartbeat", response_model=DeliveryResponse)
-def heartbeat(body: OwnEnvelope, pool: Pool, write: Write) -> DeliveryResponse:
+async def heartbeat(body: OwnEnvelope, pool: Pool, group: Heartbeats) -> DeliveryResponse:
     """Extend the lease of the exact attempt and fence the envelope names."""
-    return DeliveryResponse(outcome=write(pool.heartbeat, body.checked(pool.pool_size)))
+    return DeliveryResponse(outcome=await group(body.checked(pool.pool_size)))
 
 
 @router.post("/result", response_model=DeliveryResponse)

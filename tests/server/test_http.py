@@ -140,6 +140,23 @@ def test_a_restarted_worker_fences_out_its_old_self(served: Served) -> None:
         assert client.heartbeat(new) == "applied"
 
 
+def test_a_heartbeat_reads_the_same_in_the_heartbeat_lane_and_on_the_route(served: Served) -> None:
+    """The lane (``lane.HeartbeatLane``) takes a plain JSON heartbeat; any other goes to the route."""
+    _, grant = taken(served)
+    token = tokens.ordinal_token(SECRET, 0)
+    charset = {"Content-Type": "application/json; charset=utf-8"}  # not the lane's: the route answers
+    answers: list[list[tuple[int, Any]]] = []
+    for headers in ({}, charset):
+        applied = served.post("/v1/heartbeat", grant.envelope(f"hb-{len(answers)}"), token, headers)
+        replay = served.post("/v1/heartbeat", grant.envelope("hb-0"), token, headers)
+        stale = served.post("/v1/heartbeat", grant.envelope("hb-9", fence=grant.fence + 1), token, headers)
+        other = served.post("/v1/heartbeat", grant.envelope("hb-8"), tokens.ordinal_token(SECRET, 1), headers)
+        answers.append([(r.status_code, r.json()) for r in (applied, replay, stale, other)])
+    assert answers[0] == answers[1]
+    assert [status for status, _ in answers[0]] == [200, 200, 409, 403]
+    assert answers[0][1][1] == {"outcome": "duplicate"} and answers[0][2][1]["error"] == "StaleHolder"
+
+
 # --- child executions -----------------------------------------------------------------
 
 

@@ -308,3 +308,34 @@ def test_a_restart_and_a_release_are_audited_and_a_refused_release_is_not(store:
         ("grant", "running", "running", 1, new.fence, "worker:0"),
         ("release", "running", "assigned", 2, new.fence, "worker:0"),  # the row as it left it
     ]
+
+
+# --- group commit (``PoolStore.heartbeats``: the server's batches) ---------------------------
+
+
+def test_heartbeats_in_one_transaction_answer_each_alone_and_a_refused_one_fails_no_neighbour(
+    store: PoolStore,
+) -> None:
+    first, second = given_running(store, 0, "t1"), given_running(store, 1, "t2")
+    assert store.heartbeat(envelope(first, "h0"), now=NOW + 1) == "applied"
+    stale = envelope(first, "h-stale", fence=first.fence + 7)
+
+    def checked(offer_envelope: dict[str, Any]) -> Envelope:
+        return Envelope.parse(offer_envelope, pool_size=store.pool_size, with_result=False)
+
+    batch = [
+        envelope(first, "h1"),
+        stale,
+        envelope(first, "h0"),
+        envelope(second, "h2"),
+        envelope(first, "h1"),
+    ]
+    answers = store.heartbeats([checked(e) for e in batch], now=NOW + 2)
+
+    assert answers[0] == "applied" and answers[3] == "applied"
+    assert isinstance(answers[1], StaleHolder) and "fence" in str(answers[1])
+    assert answers[2] == "duplicate"  # a replay of a delivery committed earlier
+    assert answers[4] == "duplicate"  # and of one applied earlier in the same transaction
+    for offer in (first, second):
+        assert row_state(store, offer.row_id)["lease_until"] == NOW + 2 + store.lease_seconds
+    assert [d.delivery_id for d in deliveries(store)] == ["h0", "h1", "h2"]  # nothing of the stale one
