@@ -183,9 +183,11 @@ class PoolStore:
         return answers
 
     def accept_result(
-        self, envelope: Mapping[str, Any], *, now: float | None = None
+        self, envelope: Envelope | Mapping[str, Any], *, now: float | None = None
     ) -> Literal["applied", "duplicate"]:
-        env, now = Envelope.parse(envelope, pool_size=self.pool_size, with_result=True), _now(now)
+        """``envelope``: a mapping the store checks, or an ``Envelope`` with its result, already
+        checked (the server's ``ResultEnvelope.checked``)."""
+        env, now = self._envelope(envelope, with_result=True), _now(now)
         with self.connection() as conn:
             outcome = worker.accept_result(conn, env, now=now)
             noted = self._note_run(conn, env, Call.RESULT, now)
@@ -210,10 +212,12 @@ class PoolStore:
         with self.connection() as conn:
             return worker.release(conn, env, max_attempts=self.max_attempts, now=_now(now))
 
-    def _envelope(self, given: Envelope | Mapping[str, Any]) -> Envelope:
+    def _envelope(self, given: Envelope | Mapping[str, Any], *, with_result: bool = False) -> Envelope:
         if isinstance(given, Envelope):
+            if (given.result is not None) is not with_result:
+                raise InvalidInput("envelope", "a result needs its payload; a heartbeat or release has none")
             return given
-        return Envelope.parse(given, pool_size=self.pool_size, with_result=False)
+        return Envelope.parse(given, pool_size=self.pool_size, with_result=with_result)
 
     # --- child executions (docs/design.md, "Lineage"); the HTTP /v1/children endpoints wrap these ---
 

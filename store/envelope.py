@@ -59,10 +59,7 @@ class Envelope:
         extra = set(data) - set(required)
         if extra:
             raise InvalidInput(label(min(extra)), "unknown field")
-        result = None
-        if with_result:
-            result = document("payload", data["payload"])
-            _check_result_shape(data["payload"])
+        result = result_document(data["payload"]) if with_result else None  # checked first, as ever
         return cls(
             delivery_id=name("delivery_id", data["delivery_id"], 128),
             board=name("board", data["board"], 64),
@@ -91,6 +88,14 @@ class Envelope:
                 ]
             )
         )
+
+
+def result_document(payload: object) -> str:
+    """A result's payload as the store keeps it (canonical JSON), once it is checked: a JSON object
+    within ``document``'s bounds, ``done``, or ``blocked`` with a storable reason."""
+    result = document("payload", payload)
+    _check_result_shape(payload)  # type: ignore[arg-type]  # document() refused anything but an object
+    return result
 
 
 def _check_result_shape(payload: Mapping[str, Any]) -> None:

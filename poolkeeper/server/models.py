@@ -10,7 +10,7 @@ plus the child token.
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from core import validate
 from store import Envelope as StoreEnvelope
 from store import Offer, lineage, models
+from store.envelope import result_document
 
 INT32 = validate.INT32_MAX
 INT64 = validate.INT64_MAX
@@ -93,6 +94,11 @@ class ResultEnvelope(Envelope):
         description="The run's result: any JSON object with status done, or blocked with a reason."
         " At most 64 KiB; keys that look like credentials are refused."
     )
+
+    def checked(self, pool_size: int) -> StoreEnvelope:
+        """The store's envelope with its result: the payload as validated here, then the store's
+        own bounds on a document (size, depth, credential-like keys), which a model does not state."""
+        return replace(super().checked(pool_size), result=result_document(self.payload.model_dump()))
 
 
 # --- child executions (docs/design.md, "Lineage") ---------------------------------------------

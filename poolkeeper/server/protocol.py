@@ -4,7 +4,8 @@ Each is one ``PoolStore`` call; ``errors.install`` answers its refusals by class
 body's dependency checks that the token acts for the ordinal the body names before
 the store is called. A heartbeat's or release's envelope reaches the store as the
 models validated it (``Envelope.checked``), not dumped and parsed again; a result's
-payload is still the store's to check (``validate.document``: size, depth, keys).
+envelope too (``ResultEnvelope.checked``), its payload checked once more by the store's
+rule for a document (``validate.document``: size, depth, credential-like keys).
 Handlers are plain functions, so FastAPI runs them in its thread pool and the event
 loop keeps serving others while one waits on the store; but a heartbeat waits on the
 group commit (``group``), which writes in its own thread, so its handler awaits it on
@@ -78,7 +79,7 @@ async def heartbeat(body: OwnEnvelope, pool: Pool, group: Heartbeats) -> Deliver
 @router.post("/result", response_model=DeliveryResponse)
 def result(body: Annotated[ResultEnvelope, Depends(_result)], pool: Pool, write: Write) -> DeliveryResponse:
     """Deliver the run's result (``done``, or ``blocked`` with a reason); a replay is a duplicate."""
-    return DeliveryResponse(outcome=write(pool.accept_result, body.model_dump()))
+    return DeliveryResponse(outcome=write(pool.accept_result, body.checked(pool.pool_size)))
 
 
 @router.post("/release", response_model=ReleaseResponse)
