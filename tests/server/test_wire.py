@@ -49,17 +49,20 @@ def test_the_models_bounds_are_core_validates() -> None:
     assert child["pattern"] == f"^{lineage.CHILD_ID_RE.pattern}$"
 
 
+HOLDER: dict[str, Any] = {
+    "delivery_id": "d1",
+    "board": "b",
+    "task_id": "t",
+    "run_id": 1,
+    "worker_ordinal": 2,
+    "attempt": 1,
+    "fence": 9,
+    "payload_digest": "0" * 64,
+}
+
+
 def test_a_checked_envelope_reaches_the_store_as_validated() -> None:
-    body = {
-        "delivery_id": "d1",
-        "board": "b",
-        "task_id": "t",
-        "run_id": 1,
-        "worker_ordinal": 2,
-        "attempt": 1,
-        "fence": 9,
-        "payload_digest": "0" * 64,
-    }
+    body = dict(HOLDER)
     assert models.Envelope.model_validate(body).checked(pool_size=3) == Envelope.parse(
         body, pool_size=3, with_result=False
     )
@@ -70,17 +73,7 @@ def test_a_checked_envelope_reaches_the_store_as_validated() -> None:
     [{"status": "done", "out": {"n": [1, 2.5, None]}}, {"status": "blocked", "reason": "no disk"}],
 )
 def test_a_checked_result_envelope_is_the_one_the_store_would_parse(payload: dict[str, Any]) -> None:
-    body = {
-        "delivery_id": "d1",
-        "board": "b",
-        "task_id": "t",
-        "run_id": 1,
-        "worker_ordinal": 2,
-        "attempt": 1,
-        "fence": 9,
-        "payload_digest": "0" * 64,
-        "payload": payload,
-    }
+    body = {**HOLDER, "payload": payload}
     checked = models.ResultEnvelope.model_validate(body).checked(pool_size=3)
     assert checked == Envelope.parse(body, pool_size=3, with_result=True)
     assert (
@@ -91,16 +84,6 @@ def test_a_checked_result_envelope_is_the_one_the_store_would_parse(payload: dic
 
 def test_a_checked_result_still_meets_the_stores_rule_for_a_document() -> None:
     """What the model does not state (credential-like keys, size) the store's rule still refuses."""
-    body = {
-        "delivery_id": "d1",
-        "board": "b",
-        "task_id": "t",
-        "run_id": 1,
-        "worker_ordinal": 2,
-        "attempt": 1,
-        "fence": 9,
-        "payload_digest": "0" * 64,
-        "payload": {"status": "done", "api_key": "x"},
-    }
+    body = {**HOLDER, "payload": {"status": "done", "api_key": "x"}}
     with pytest.raises(InvalidInput, match="payload"):
         models.ResultEnvelope.model_validate(body).checked(pool_size=3)
