@@ -198,7 +198,7 @@ def run_store_monolithic(url: str, n: int) -> float:
     settings, store = storm(url, n, "")
     start = time.perf_counter()
     with store.session() as s:
-        for _, row_id in queries.due_expired(s, now=time.time(), limit=n):
+        for row_id in (row.id for row in queries.due_expired(s, now=time.time(), limit=n)):
             transitions.expire(s, row_id, max_attempts=settings.max_attempts, now=time.time())
     seconds = time.perf_counter() - start
     assert not running_left(store)
