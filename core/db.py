@@ -426,15 +426,33 @@ def placeholder(conn: Connection) -> str:
     return _PLACEHOLDER[conn.dialect.paramstyle]
 
 
+def among(conn: Connection, ids: Sequence[int]) -> tuple[str, list[Any]]:
+    """``ids`` as the right-hand side of a membership test, and its parameters, for ``raw``:
+    ``IN (?, ?, ...)`` on SQLite; on PostgreSQL ``= ANY(%s)``, one array parameter, so
+    psycopg does not parse a thousand placeholders in Python for every statement (a
+    quarter of a worker's CPU in a storm) and the server does not either."""
+    if conn.dialect.name == "postgresql":
+        return "= ANY(%s)", [list(ids)]
+    p = placeholder(conn)
+    return f"IN ({','.join([p] * len(ids))})", list(ids)
+
+
 def raw(conn: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
     """Run ``sql`` (written with ``placeholder``) on the driver's cursor; the rows it returns, if any.
 
     For the storm's set statements, whose 1,000-id IN lists ``Prepared`` cannot take:
     through the SQL layer, the per-value processing of the list and the wrapping of
     every statement cost several times the database's own work.
+
+    On PostgreSQL the statement is never prepared: its ids are one array (``among``),
+    and the generic plan of ``= ANY($n)`` cost the server twice the custom plan's CPU
+    (a storm's batch of 1,000: 44 ms against 22 ms).
     """
     with driver_cursor(conn, sql) as cursor:
-        cursor.execute(sql, params)
+        if conn.dialect.name == "postgresql":
+            cursor.execute(sql, params, prepare=False)
+        else:
+            cursor.execute(sql, params)
         return cursor.fetchall() if cursor.description else []
 
 

@@ -9,7 +9,8 @@ transition, so a row's trail replays to its current state.
 - ``observed``: events that take ``to``, attempt and fence from the row as the
   transition just left it (one prebuilt INSERT … SELECT per row, no read first);
 - ``expired``: the storm's hot path, one multi-row INSERT … SELECT on the
-  driver's cursor for a whole expired batch.
+  driver's cursor for a whole expired batch (``expired_from``: the same, inside
+  the expiring UPDATE's own statement, on PostgreSQL).
 
 ``history`` reads a row's events oldest first; ``search`` finds events by their
 detail among the newest; ``collect`` deletes one batch of events older than the
@@ -144,7 +145,7 @@ def observed(
 _EXPIRED_SQL = (
     "INSERT INTO audit_events (row_id, at, kind, from_state, to_state, attempt, fence, actor)"
     f" SELECT id, {{p}}, '{EventKind.EXPIRY}', 'running', state, attempt, fence, {{p}}"
-    " FROM assignments WHERE id IN ({ids})"
+    " FROM {rows}"
 )
 
 
@@ -153,9 +154,19 @@ def expired(conn: Session | Connection, row_ids: Sequence[int], *, actor: str, n
     if not row_ids:
         return
     c = db.connection_of(conn)
-    p = db.placeholder(c)
-    sql = _EXPIRED_SQL.format(p=p, ids=",".join([p] * len(row_ids)))
-    db.raw(c, sql, (now, validate.storable(actor, MAX_ACTOR_CHARS), *row_ids))
+    among, ids = db.among(c, row_ids)
+    sql = _EXPIRED_SQL.format(p=db.placeholder(c), rows=f"assignments WHERE id {among}")
+    db.raw(c, sql, (*expired_params(actor, now), *ids))
+
+
+def expired_from(rows: str, p: str) -> str:
+    """``expired`` as a statement over ``rows`` (a CTE of the moved rows' id, state, attempt and
+    fence), for ``expire_many`` to write the events in its UPDATE; its parameters: ``expired_params``."""
+    return _EXPIRED_SQL.format(p=p, rows=rows)
+
+
+def expired_params(actor: str, now: float) -> tuple[float, str]:
+    return now, validate.storable(actor, MAX_ACTOR_CHARS)
 
 
 def history(s: Session, row_id: int, *, limit: int | None = None) -> list[dict[str, Any]]:

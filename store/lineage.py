@@ -398,9 +398,9 @@ def retire_children(
         n = RETIRE_RUN.run(c, {"row_id": ids[0], "now": now}).rowcount
         retired = Counter({ids[0]: n} if n else {})
     else:
-        p = db.placeholder(c)
-        sql = RETIRE_RUNS_SQL.format(p=p, ids=",".join([p] * len(ids)))
-        retired = Counter(row_id for (row_id,) in db.raw(c, sql, (now, *ids)))
+        among, params = db.among(c, ids)
+        sql = RETIRE_RUNS_SQL.format(p=db.placeholder(c), among=among)
+        retired = Counter(row_id for (row_id,) in db.raw(c, sql, (now, *params)))
     if retired:
         counts = [(row_id, None, f"{n} child execution(s) retired") for row_id, n in sorted(retired.items())]
         audit.observed(conn, EventKind.CHILDREN_RETIRED, counts, actor=actor, now=now)
@@ -428,7 +428,7 @@ RETIRE_RUN = db.Prepared(_retire_statement(C.row_id == bindparam("row_id")))  # 
 # through the SQL layer, a part of a split batch spent more on its IN list than on the probes.
 RETIRE_RUNS_SQL = (
     f"UPDATE {C.__tablename__} SET status = '{ChildStatus.TERMINAL}', outcome = '{ChildOutcome.RETIRED}',"
-    f" receipt = NULL, updated_at = {{p}} WHERE row_id IN ({{ids}}) AND {LIVE_CHILD_SQL} RETURNING row_id"
+    f" receipt = NULL, updated_at = {{p}} WHERE row_id {{among}} AND {LIVE_CHILD_SQL} RETURNING row_id"
 )
 RETIRE_RANGE = _retire_statement(and_(C.id >= bindparam("low"), C.id < bindparam("high")))
 

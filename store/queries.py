@@ -24,6 +24,7 @@ class Due(NamedTuple):
 
     at: float  # the lease's end (expire) or the backoff's end (the other row passes)
     id: int
+    failures: int = 0  # the row's failure streak: a row with one is batched apart (``tasks.declaration``)
 
 
 def due_expired(s: Session, *, now: float, limit: int, after: Due | None = None) -> list[Due]:
@@ -34,7 +35,7 @@ def due_expired(s: Session, *, now: float, limit: int, after: Due | None = None)
         # them, for every page (21 ms a page at 100k running rows); told the term is likely
         # true, it reads the partial lease index, already in lease order (under 1 ms).
         running = func.likely(running)
-    stmt = select(A.lease_until, A.id).where(
+    stmt = select(A.lease_until, A.id, A.failures).where(
         running,
         A.lease_until > 0,
         A.lease_until < now,
@@ -47,17 +48,17 @@ def due_in_state(
     s: Session, state: RowState, *, now: float, limit: int, after: Due | None = None
 ) -> list[Due]:
     """Rows in ``state`` whose backoff has run out, longest waiting first."""
-    stmt = select(A.next_attempt_at, A.id).where(A.state == state.value, A.next_attempt_at <= now)
+    stmt = select(A.next_attempt_at, A.id, A.failures).where(A.state == state.value, A.next_attempt_at <= now)
     return _page(s, stmt, (A.next_attempt_at, A.id), limit, after)
 
 
 def _page(
-    s: Session, stmt: Select[Any, Any], order: tuple[Any, Any], limit: int, after: Due | None
+    s: Session, stmt: Select[Any, Any, Any], order: tuple[Any, Any], limit: int, after: Due | None
 ) -> list[Due]:
     """One page in ``order``, past ``after``: rows that leave the set meanwhile shift nothing."""
     if after is not None:
         stmt = stmt.where(tuple_(*order) > tuple_(literal(after.at), literal(after.id)))
-    return [Due(at, row_id) for at, row_id in s.execute(stmt.order_by(*order).limit(limit))]
+    return [Due(*row) for row in s.execute(stmt.order_by(*order).limit(limit))]
 
 
 def free_ordinals(s: Session, pool_size: int) -> list[int]:

@@ -110,9 +110,12 @@ _EXPIRE_SQL = (
     " attempt = CASE WHEN attempt < {p} THEN attempt + 1 ELSE attempt END,"
     # progress clears the failure streak, as CLEAR_BOOKKEEPING does for the other transitions
     " updated_at = {p}, failures = 0, last_error = NULL, next_attempt_at = 0, quarantined = false"
-    f" WHERE id IN ({{ids}}) AND {{state}} = '{RowState.RUNNING}' AND lease_until > 0 AND lease_until < {{p}}"
-    " RETURNING id, state, lease_until"
+    f" WHERE id {{among}} AND {{state}} = '{RowState.RUNNING}' AND lease_until > 0 AND lease_until < {{p}}"
+    " RETURNING id, state, lease_until{also}"
 )
+# On PostgreSQL the moved rows' events are written by the same statement, from what the
+# UPDATE returns: one round trip and no second lookup of the batch's rows.
+_EXPIRE_LOGGED_SQL = "WITH moved AS ({update}), logged AS ({insert}) SELECT id, state, lease_until FROM moved"
 _STATE = {state.value: state for state in RowState}  # a dict lookup per row, not an enum call
 # SQLite would plan even a 4-id set through ix_assignments_state_due, reading every running
 # row (0.6 ms a statement at 10k rows, which the runner's splitting of a poisoned batch
@@ -143,24 +146,31 @@ def expire_many(
     under a savepoint, until the refused rows stand alone (``core.isolate``): they
     come back unchanged with their errors, and the others move. The old lease
     stays on the row (an ``assigned`` row ignores it) for the metrics. The moved
-    rows' events are one more statement (``audit.expired``), never one per row or
-    per part, and so is their children's retirement.
+    rows' events are one more statement (``audit.expired``; on PostgreSQL part of the
+    UPDATE itself), never one per row or per part, and so is their children's retirement.
     """
     if not row_ids:
         return Expired({}, {})
     conn = db.connection_of(s)
     p = db.placeholder(conn)
     state = _STATE_TERM.get(conn.dialect.name, "state")
+    logged = conn.dialect.name == "postgresql"
+    before = (max_attempts, max_attempts, now)
+    after: tuple[Any, ...] = (now, *audit.expired_params(actor, now)) if logged else (now,)
 
     def attempt(part: Sequence[int]) -> list[Any]:
-        sql = _EXPIRE_SQL.format(p=p, ids=",".join([p] * len(part)), state=state)
+        among, ids = db.among(conn, part)
+        sql = _EXPIRE_SQL.format(p=p, among=among, state=state, also=", attempt, fence" if logged else "")
+        if logged:
+            sql = _EXPIRE_LOGGED_SQL.format(update=sql, insert=audit.expired_from("moved", p))
         with db.savepoint(conn):
-            return db.raw(conn, sql, (max_attempts, max_attempts, now, *part, now))
+            return db.raw(conn, sql, (*before, *ids, *after))
 
     parts, refused = isolate(row_ids, attempt, goes_up=_not_a_refusal)
     got = [row for part in parts for row in part]
     expired = [row_id for row_id, _, _ in got]
-    audit.expired(conn, expired, actor=actor, now=now)  # same transaction, as is what follows
+    if not logged:
+        audit.expired(conn, expired, actor=actor, now=now)  # same transaction, as is what follows
     lineage.retire_children(conn, expired, now, actor=actor)
     moved = {row_id: Expiry(_STATE[state], lease_until) for row_id, state, lease_until in got}
     return Expired(moved, dict(refused))

@@ -107,6 +107,10 @@ class Pass:
 # A scanner pages on while it finds full pages, up to this many pages a tick: a storm
 # drains as fast as the workers go, while one tick's work stays bounded.
 MAX_PAGES = 100
+# Rows with a failure streak are submitted apart, this many a message: a clean batch then
+# never pays the search for a row that failed before, and a batch of suspects is tried
+# row by row once it fails (``core.isolate``).
+SUSPECTS_PER_BATCH = 16
 
 DueQuery = Callable[..., list[Due]]  # (session, *, now, limit, after) -> one page of due rows
 
@@ -117,7 +121,8 @@ def due_rows(pass_name: str, due: DueQuery) -> Finder:
     Pages are keyset pages (each starts past the last row of the one before), so
     rows that workers finish meanwhile shift nothing and no due row is skipped
     until the next tick. Rows already pending are skipped (their markers are set),
-    so no key is enqueued twice; paging is bounded by ``MAX_PAGES``.
+    so no key is enqueued twice; paging is bounded by ``MAX_PAGES``. Rows with a
+    failure streak go in messages of their own (``SUSPECTS_PER_BATCH``).
     """
 
     def find(plane: Plane, now: float, submit: Submit) -> int:
@@ -127,7 +132,10 @@ def due_rows(pass_name: str, due: DueQuery) -> Finder:
         for _ in range(MAX_PAGES):
             with plane.store.session(readonly=True) as s:
                 rows = due(s, now=now, limit=limit, after=after)
-            enqueued += len(submit(pass_name, [row.id for row in rows]))
+            enqueued += len(submit(pass_name, [row.id for row in rows if not row.failures]))
+            suspects = [row.id for row in rows if row.failures]
+            for start in range(0, len(suspects), SUSPECTS_PER_BATCH):
+                enqueued += len(submit(pass_name, suspects[start : start + SUSPECTS_PER_BATCH]))
             if len(rows) < limit:
                 break
             after = rows[-1]

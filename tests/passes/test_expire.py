@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from sqlalchemy import update
+
 from board import Board
 from store import transitions
-from store.models import RowState
+from store.models import Assignment, RowState
 from tasks import registry, runner
+from tasks.declaration import SUSPECTS_PER_BATCH
 from tasks.plane import Plane
 from tests.factories import NOW, OWNER, RowFactory, row_state, running_row
 
@@ -48,3 +51,21 @@ def test_the_expire_scanner_finds_every_due_row_while_workers_finish_earlier_pag
 
     assert registry.get("expire").find(paged, NOW, done_at_once) == 7
     assert submitted == rows  # oldest lease first, none skipped, none twice
+
+
+def test_the_expire_scanner_batches_rows_with_a_failure_streak_apart(
+    plane: Plane, make_row: RowFactory
+) -> None:
+    rows = [make_row(RowState.RUNNING, ordinal=i, lease_until=NOW - 100 + i) for i in range(40)]
+    suspects = rows[3::2][: SUSPECTS_PER_BATCH + 2]  # more than one message of them
+    with plane.store.session() as s:
+        s.execute(update(Assignment).where(Assignment.id.in_(suspects)).values(failures=1))
+    messages: list[list[int]] = []
+
+    def record(pass_name: str, keys: Sequence[int]) -> list[int]:
+        messages.append(list(keys))
+        return list(keys)
+
+    assert registry.get("expire").find(plane, NOW, record) == len(rows)
+    clean = [r for r in rows if r not in suspects]
+    assert messages == [clean, suspects[:SUSPECTS_PER_BATCH], suspects[SUSPECTS_PER_BATCH:]]

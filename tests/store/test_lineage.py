@@ -139,7 +139,9 @@ def test_retiring_a_run_without_children_is_one_index_probe(store: PoolStore) ->
     other = given_running(store, ordinal=1, task_id="t2")
     _many_children(store, other.row_id, 5000)
 
-    plan = _plan_sql(store, lineage.RETIRE_RUNS_SQL.format(p=repr(NOW), ids=offer.row_id))
+    pg = store.engine.dialect.name == "postgresql"
+    among = f"= ANY('{{{offer.row_id}}}'::bigint[])" if pg else f"IN ({offer.row_id})"  # as db.among
+    plan = _plan_sql(store, lineage.RETIRE_RUNS_SQL.format(p=repr(NOW), among=among))
 
     if store.engine.dialect.name == "sqlite":
         assert re.search(r"SEARCH child_executions USING INDEX ix_\w+_row_id \(row_id=\?\)", plan), plan

@@ -169,7 +169,7 @@ class LineageMachine(RuleBasedStateMachine):
             self.now += LEASE + 1
         with self.store.session(readonly=True) as s:
             due = queries.due_expired(s, now=self.now, limit=100)
-        for _, row_id in due:
+        for row_id in (row.id for row in due):
             with self.store.session() as s:
                 transitions.expire(s, row_id, max_attempts=MAX_ATTEMPTS, now=self.now)
 

@@ -181,7 +181,7 @@ class StoreMachine(RuleBasedStateMachine):
     def expire(self) -> None:
         with self.store.session() as s:
             due = queries.due_expired(s, now=self.now, limit=100)
-        for _, row_id in due:
+        for row_id in (row.id for row in due):
             with self.store.session() as s:
                 new = transitions.expire(s, row_id, max_attempts=MAX_ATTEMPTS, now=self.now).state
             if new is RowState.LEASE_FAILED:
