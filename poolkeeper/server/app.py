@@ -63,7 +63,9 @@ def create_app(settings: Settings, *, local_only: bool = False, store: PoolStore
     gate = _OneWriter() if sqlite else contextlib.nullcontext()
     app.state.writer = deps.Writer(gate)
     writers = 1 if sqlite else HEARTBEAT_WRITERS
-    app.state.heartbeats = group.GroupCommit(pool.heartbeats, gate, writers=writers)
+    app.state.heartbeats = group.GroupCommit(
+        pool.heartbeats, gate, writers=writers, shard=lambda env: env.worker_ordinal
+    )
     app.state.metrics = registry = CollectorRegistry()
     for router in (protocol.router, children.router, probes.router):
         app.include_router(router)

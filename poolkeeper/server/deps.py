@@ -93,7 +93,7 @@ def authenticate(key: str | None, token: str | None) -> Principal:
         return tokens.LOCAL  # a --local-only server: the schema declares no security (app.create_app)
     if token is None:
         raise Unauthenticated("an Authorization: Bearer token is required")
-    found = _verified(key, token)
+    found = _verified(key, token) if tokens.well_formed(token) else None  # junk is not remembered
     if found is None:
         raise Unauthenticated("the bearer token is not one this server issued")
     return found

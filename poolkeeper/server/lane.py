@@ -28,6 +28,7 @@ from poolkeeper.server.models import Envelope
 
 PATH = "/v1/heartbeat"
 JSON = b"application/json"
+ONCE = (b"authorization", b"content-type")  # the lane's headers: a request repeating one goes to the route
 
 
 class HeartbeatLane:
@@ -59,7 +60,11 @@ class HeartbeatLane:
         """The envelope, if the request is one the route would accept as it stands; else None."""
         if message["type"] != "http.request" or message.get("more_body", False):
             return None
-        headers = dict(scope["headers"])
+        headers: dict[bytes, bytes] = {}
+        for header, value in scope["headers"]:
+            if header in headers and header in ONCE:
+                return None  # the route reads the first of them: let it answer
+            headers[header] = value
         if headers.get(b"content-type") != JSON:
             return None
         scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")

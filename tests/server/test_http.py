@@ -157,6 +157,37 @@ def test_a_heartbeat_reads_the_same_in_the_heartbeat_lane_and_on_the_route(serve
     assert answers[0][1][1] == {"outcome": "duplicate"} and answers[0][2][1]["error"] == "StaleHolder"
 
 
+def test_a_heartbeat_repeating_a_header_the_lane_reads_is_answered_by_the_route(served: Served) -> None:
+    """The route reads the first of a repeated header; the lane must not read another one."""
+    _, grant = taken(served)
+    mine, other = tokens.ordinal_token(SECRET, 0), tokens.ordinal_token(SECRET, 1)
+    body = json.dumps(grant.envelope("hb-twice")).encode()
+    bearer, json_type = ("Authorization", f"Bearer {mine}"), ("Content-Type", "application/json")
+    cases = {  # the first header is the one the route reads, so each is refused
+        "another ordinal's token first": (
+            [("Authorization", f"Bearer {other}"), bearer, json_type],
+            403,
+        ),
+        "not a bearer token first": (
+            [("Authorization", "Basic eA=="), ("Authorization", f"Bearer {mine}")],
+            401,
+        ),
+        "not JSON first": (
+            [
+                ("Authorization", f"Bearer {mine}"),
+                ("Content-Type", "text/plain"),
+                ("Content-Type", "application/json"),
+            ],
+            422,
+        ),
+    }
+    for case, (headers, status) in cases.items():
+        got = httpx.post(f"{served.url}/v1/heartbeat", content=body, headers=headers, timeout=30)
+        assert got.status_code == status, (case, got.status_code, got.text)
+    with served.store.session(readonly=True) as s:
+        assert s.scalar(text("SELECT count(*) FROM deliveries WHERE delivery_id = 'hb-twice'")) == 0
+
+
 # --- child executions -----------------------------------------------------------------
 
 
