@@ -31,6 +31,7 @@ bench: install
 	$(PY) bench/storm.py
 	$(PY) bench/api_bench.py
 	$(PY) bench/lineage_bench.py
+	$(PY) bench/scale.py
 
 soak: install  # the fault soak at full size (bench/soak.py; options after ARGS=, e.g. ARGS="--tasks 10000")
 	$(PY) bench/soak.py $(ARGS)
