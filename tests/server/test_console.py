@@ -1001,9 +1001,15 @@ def test_two_sign_ins_in_the_same_second_get_different_sessions(store: PoolStore
 # --- trends -----------------------------------------------------------------------------------
 
 
+def in_page(driver: WebDriver, expression: str) -> Any:
+    """``expression`` evaluated in the page in one step: the Trends page redraws its charts on
+    each refresh, so an element found first and read after may be gone by then (stale)."""
+    return driver.execute_script(f"return {expression}")
+
+
 def series(driver: WebDriver, chart: str, name: str, field: str) -> str:
-    line = driver.find_element(By.CSS_SELECTOR, f'#chart-{chart} polyline[data-series="{name}"]')
-    return str(line.get_attribute(f"data-{field}"))
+    line = f"""document.querySelector('#chart-{chart} polyline[data-series="{name}"]')"""
+    return str(in_page(driver, f"{line}.getAttribute('data-{field}')"))
 
 
 def test_the_trends_page_shows_a_failure_spike_without_a_reload(driver: WebDriver, console: Console) -> None:
@@ -1012,10 +1018,10 @@ def test_the_trends_page_shows_a_failure_spike_without_a_reload(driver: WebDrive
     signed_in(driver, console, then="/ui/trends")
     assert series(driver, "events", "failures", "total") == "0"
     assert series(driver, "rows", "assigned", "last") == "1"
-    svg = driver.find_element(By.CSS_SELECTOR, "#chart-events svg")
-    assert svg.get_attribute("role") == "img" and "Transitions per minute" in str(
-        svg.get_attribute("innerHTML")
+    role, drawn = in_page(
+        driver, "(s => [s.getAttribute('role'), s.innerHTML])(document.querySelector('#chart-events svg'))"
     )
+    assert role == "img" and "Transitions per minute" in drawn
     driver.execute_script("window.noReload = 'still the same page'")
 
     with console.store.session() as s:
@@ -1025,16 +1031,18 @@ def test_the_trends_page_shows_a_failure_spike_without_a_reload(driver: WebDrive
         "the spike on the chart", lambda: series(driver, "events", "failures", "peak") == "40", driver=driver
     )
     assert series(driver, "events", "failures", "total") == "40"
-    described = driver.find_element(By.CSS_SELECTOR, "#chart-events desc").get_attribute("textContent")
-    assert "failures: total 40, peak 40" in str(described)
-    cells = driver.find_elements(By.CSS_SELECTOR, "#chart-events table tbody td")
-    assert "40" in [c.get_attribute("textContent") for c in cells]  # the table says it too
+    described = in_page(driver, "document.querySelector('#chart-events desc').textContent")
+    assert "failures: total 40, peak 40" in described
+    cells = in_page(
+        driver, "[...document.querySelectorAll('#chart-events table tbody td')].map(c => c.textContent)"
+    )
+    assert "40" in cells  # the table says it too
     assert driver.execute_script("return window.noReload") == "still the same page"
 
     colours = {}
     for scheme in ("light", "dark"):
         browser.color_scheme(driver, scheme)
-        line = driver.find_element(By.CSS_SELECTOR, '#chart-events polyline[data-series="failures"]')
-        colours[scheme] = driver.execute_script("return getComputedStyle(arguments[0]).stroke", line)
+        line = """document.querySelector('#chart-events polyline[data-series="failures"]')"""
+        colours[scheme] = in_page(driver, f"getComputedStyle({line}).stroke")
     browser.color_scheme(driver, "light")
     assert colours["light"] != colours["dark"], colours
