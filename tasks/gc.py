@@ -5,7 +5,7 @@ is older than the retention, and delivery records and audit events older than
 it (an event goes by its age, whatever its row's state).
 Does: deletes them in batches of ``gc_batch``, one short transaction each (so no
 transaction holds the write lock for long), until none is left or the sweep has
-run for half the task's time limit (``budget``). The deletion rate is the
+run for half the task's time limit (``allowed_seconds``). The deletion rate is the
 database's, not a fixed count per sweep: a pool that writes more delivery
 records in an interval than a fixed count would delete grows without end. A
 sweep that ends on its budget with garbage left says so (a warning, and
@@ -41,7 +41,7 @@ class Collected:
     behind: bool = False  # the sweep ended on its budget with garbage left
 
 
-def budget(plane: Plane) -> float:
+def allowed_seconds(plane: Plane) -> float:
     """Seconds a sweep may run: half the task's hard limit, well inside the soft one (80 %)."""
     return plane.settings.task_time_limit / 2
 
@@ -49,7 +49,7 @@ def budget(plane: Plane) -> float:
 def collect(plane: Plane, now: float, *, clock: Callable[[], float] = time.monotonic) -> Collected:
     rows = deliveries = events = 0
     batch, retention = plane.settings.gc_batch, plane.settings.retention_seconds
-    ends = clock() + budget(plane)
+    ends = clock() + allowed_seconds(plane)
     while True:
         with plane.store.session() as s:
             r, d = transitions.collect_garbage(s, retention_seconds=retention, batch=batch, now=now)
@@ -74,7 +74,7 @@ def run(plane: Plane, _key: Key, now: float) -> Outcome:
         got.rows,
         got.deliveries,
         got.events,
-        f"; behind: garbage is left after this sweep's {budget(plane):g}s (shorten GC_SECONDS)"
+        f"; behind: garbage is left after this sweep's {allowed_seconds(plane):g}s (shorten GC_SECONDS)"
         if got.behind
         else "",
         extra={"gc": {**counts, "behind": got.behind}},

@@ -313,13 +313,13 @@ def test_gc_sweeps_until_caught_up_and_says_when_its_budget_ends_first(
     plane.settings = dataclasses.replace(plane.settings, gc_batch=1)
 
     with monkeypatch.context() as m, caplog.at_level(logging.INFO, logger="poolkeeper.maintenance"):
-        m.setattr(gc, "budget", lambda _plane: 0.0)  # the budget ends after one batch
+        m.setattr(gc, "allowed_seconds", lambda _plane: 0.0)  # the budget ends after one batch
         assert runner.run_key(plane, "gc", "all", now) == "collected"
     (line,) = [r for r in caplog.records if r.getMessage().startswith("gc:")]
     assert line.levelno == logging.WARNING and "behind" in line.getMessage(), line.getMessage()
 
     ticks = iter(range(100))  # each batch takes a third of the budget: the third ends the sweep
-    clock = lambda: next(ticks) * gc.budget(plane) / 3  # noqa: E731
+    clock = lambda: next(ticks) * gc.allowed_seconds(plane) / 3  # noqa: E731
     assert gc.collect(plane, now, clock=clock) == gc.Collected(events=3, behind=True)
     assert gc.collect(plane, now) == gc.Collected(events=96)  # 96 batches: more than any fixed cap
     assert len(trail(store, 1)) == 1
