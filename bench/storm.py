@@ -159,38 +159,40 @@ def raw_connection(url: str) -> tuple[Any, str, str]:
     return psycopg.connect(url.replace("+psycopg", ""), autocommit=True), "BEGIN", "%s"
 
 
-def run_set(url: str, n: int) -> float:
-    """(u): one set UPDATE over the due rows, one transaction, the store's durability settings."""
+def in_one_transaction(url: str, n: int, work: Callable[[Any, str, float], None]) -> float:
+    """Rows/s of ``work(cursor, placeholder, now)`` over a fresh storm of ``n``, in one DB-API
+    transaction with the store's durability settings, the commit included."""
     storm(url, n, "")[1].engine.dispose()
     conn, begin, p = raw_connection(url)
     start = time.perf_counter()
     cur = conn.cursor()
     cur.execute(begin)
-    now = time.time()
-    cur.execute(RAW_SET_EXPIRE.format(p=p), (3, 3, now, now, now))
-    moved = cur.rowcount
+    work(cur, p, time.time())
     cur.execute("COMMIT")
     seconds = time.perf_counter() - start
     conn.close()
-    assert moved == n, f"the set UPDATE moved {moved} of {n} rows"
     return n / seconds
+
+
+def run_set(url: str, n: int) -> float:
+    """(u): one set UPDATE over the due rows."""
+
+    def update(cur: Any, p: str, now: float) -> None:
+        cur.execute(RAW_SET_EXPIRE.format(p=p), (3, 3, now, now, now))
+        assert cur.rowcount == n, f"the set UPDATE moved {cur.rowcount} of {n} rows"
+
+    return in_one_transaction(url, n, update)
 
 
 def run_raw(url: str, n: int) -> float:
-    """(b): the monolithic pass on the DB-API, with the store's durability settings."""
-    storm(url, n, "")[1].engine.dispose()
-    conn, begin, p = raw_connection(url)
-    start = time.perf_counter()
-    cur = conn.cursor()
-    cur.execute(begin)
-    now = time.time()
-    cur.execute(RAW_DUE.format(p=p), (now, now))
-    for (row_id,) in cur.fetchall():
-        cur.execute(RAW_EXPIRE.format(p=p), (3, 3, now, row_id, now))
-    cur.execute("COMMIT")
-    seconds = time.perf_counter() - start
-    conn.close()
-    return n / seconds
+    """(b): the monolithic pass on the DB-API: select the due rows, one conditional UPDATE each."""
+
+    def row_by_row(cur: Any, p: str, now: float) -> None:
+        cur.execute(RAW_DUE.format(p=p), (now, now))
+        for (row_id,) in cur.fetchall():
+            cur.execute(RAW_EXPIRE.format(p=p), (3, 3, now, row_id, now))
+
+    return in_one_transaction(url, n, row_by_row)
 
 
 def run_store_monolithic(url: str, n: int) -> float:
