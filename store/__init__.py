@@ -171,7 +171,9 @@ class PoolStore:
                     continue
                 try:
                     with db.transient_errors("pool store", self.engine.url), db.savepoint(conn):
-                        answers.append(worker.heartbeat(conn, env, lease_seconds=self.lease_seconds, now=now))
+                        answers.append(
+                            worker.checked_heartbeat(conn, env, lease_seconds=self.lease_seconds, now=now)
+                        )
                         if self._note_run(conn, env, Call.HEARTBEAT, now):
                             noted.append(env.worker_ordinal)
                 except Exception as err:

@@ -310,6 +310,14 @@ def heartbeat(
     conn = db.connection_of(s)
     if new_heartbeat(conn, env, lease_seconds=lease_seconds, now=now):
         return "applied"
+    return checked_heartbeat(conn, env, lease_seconds=lease_seconds, now=now)
+
+
+def checked_heartbeat(
+    conn: Connection, env: Envelope, *, lease_seconds: float, now: float
+) -> Literal["applied", "duplicate"]:
+    """``heartbeat`` the long way, once ``new_heartbeat`` did not apply it: every check, and
+    the refusal or the replay's answer that names what it found."""
     row, digest = _admit(conn, env, "heartbeat", now)
     if digest is None:
         return "duplicate"
