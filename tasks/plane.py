@@ -17,8 +17,10 @@ Whatever a process holds lives ``hold_seconds`` (half a tick) and is renewed by 
 process's ``Keeper`` while it lives, in one round trip for everything it holds, so what a
 dead process held is free again within half a tick. A marker or a reservation that stands
 for a message in the queue is not held by any process: the queue keeps the message, and
-it lives ``queued_seconds`` (past any redelivery). The worker that receives the message
-holds them from then on (``Coordination.hold``).
+it lives ``queued_seconds`` (past any redelivery), unless the queue runs dry while it
+stands: then it is adrift (``adrift_seconds``: its message was taken by a worker that
+died before holding it) and the next scan sends its key again. The worker that receives
+the message holds them from then on (``Coordination.hold``).
 
 Every key starts with the deployment's namespace (``POOL_NAMESPACE``), as do
 its queue (``queue_name``) and task names, so deployments sharing one Redis
@@ -57,17 +59,48 @@ log = logging.getLogger("poolkeeper.maintenance")
 # one per key: packing a thousand keys cost the client more than Redis spent on them.
 # (A single Redis server allows keys a script composes; the Celery broker is one anyway.)
 #
+# A queued marker or reservation stands for a message in the queue. One that has been
+# queued for ``adrift_seconds`` while the queue holds no message at all stands for nothing:
+# its message was taken off the queue by a worker that died before it could hold it (or
+# was lost in between), and it is free again. ``adrift`` takes the key, its queued lifetime
+# and the grace (seconds) and the queue's lists (a JSON array); whether the queue is empty
+# is read once per call, and only for a key that is queued and old enough.
+_ADRIFT = """
+local queue_empty = nil
+local function adrift(key, queued, grace, lists)
+  if redis.call('get', key) ~= 'queued' then return false end
+  if redis.call('pttl', key) > (tonumber(queued) - tonumber(grace)) * 1000 then return false end
+  if queue_empty == nil then
+    queue_empty = true
+    for _, list in ipairs(cjson.decode(lists)) do
+      if redis.call('llen', list) > 0 then queue_empty = false end
+    end
+  end
+  return queue_empty
+end
+"""
 # Locks (and reservations): one token per batch; the indexes (1-based) of the names it did
 # NOT win come back (in a storm, none: a reply of a thousand won indexes cost more to parse
 # than the locking). ARGV[5] 'NX' takes free keys; 'XX' takes over keys that exist (a
-# received message's markers and reservations: one already gone is not made again).
-_LOCK = """
+# received message's markers and reservations: one already gone is not made again). With
+# ARGV[6..8] (reservations), 'NX' also takes a key left adrift (``_ADRIFT``).
+_LOCK = (
+    _ADRIFT
+    + """
 local busy = {}
 for i, name in ipairs(cjson.decode(ARGV[4])) do
-  if not redis.call('set', ARGV[3] .. name, ARGV[1], ARGV[5], 'PX', ARGV[2]) then busy[#busy + 1] = i end
+  local key = ARGV[3] .. name
+  if not redis.call('set', key, ARGV[1], ARGV[5], 'PX', ARGV[2]) then
+    if ARGV[8] and adrift(key, ARGV[6], ARGV[7], ARGV[8]) then
+      redis.call('set', key, ARGV[1], 'PX', ARGV[2])
+    else
+      busy[#busy + 1] = i
+    end
+  end
 end
 return busy
 """
+)
 # Let go only where the token still holds: deleted, or (ARGV[4], seconds) handed to the
 # queue: the key then stands for a queued message (value 'queued') for that long.
 _UNLOCK = """
@@ -81,14 +114,25 @@ for _, name in ipairs(cjson.decode(ARGV[3])) do
 end
 return n
 """
-# Pending markers: set where absent; the indexes of those already pending come back.
-_MARK = """
+# Pending markers: set where absent or adrift (``_ADRIFT``: ARGV[4], ARGV[5]); the indexes
+# of those already pending come back.
+_MARK = (
+    _ADRIFT
+    + """
 local pending = {}
 for i, name in ipairs(cjson.decode(ARGV[3])) do
-  if not redis.call('set', ARGV[2] .. name, 'queued', 'NX', 'EX', ARGV[1]) then pending[#pending + 1] = i end
+  local key = ARGV[2] .. name
+  if not redis.call('set', key, 'queued', 'NX', 'EX', ARGV[1]) then
+    if adrift(key, ARGV[1], ARGV[4], ARGV[5]) then
+      redis.call('set', key, 'queued', 'EX', ARGV[1])
+    else
+      pending[#pending + 1] = i
+    end
+  end
 end
 return pending
 """
+)
 _FORGET = """
 local n = 0
 for _, name in ipairs(cjson.decode(ARGV[2])) do n = n + redis.call('del', ARGV[1] .. name) end
@@ -129,6 +173,29 @@ def queued_seconds(settings: Settings) -> float:
     message before then.
     """
     return settings.visibility_timeout + settings.task_time_limit
+
+
+def adrift_seconds(settings: Settings) -> float:
+    """How long a queued marker or reservation may stand while the queue holds no message.
+
+    Longer than any live path from the queue to the receiver's hold (a worker takes the
+    message, then holds its keys in the same breath: ``task_received``), so a key is
+    re-sent only when its message was taken by a worker that died before holding it, or
+    lost with its connection. Then the next scan finds the key: within two ticks of the
+    queue running dry. A live message that is late anyway is sent twice, which the row's
+    lock and the store's conditional updates make harmless.
+    """
+    return max(settings.tick_seconds, MIN_HOLD_SECONDS)
+
+
+def queue_lists(settings: Settings) -> list[str]:
+    """The Redis lists that hold the maintenance queue's messages (kombu's one per priority step).
+
+    A message without a priority (all of this project's) is in the first; kombu's Redis
+    transport names the others ``<queue>\\x06\\x16<step>`` for its default steps 3, 6 and 9.
+    """
+    queue = queue_name(settings)
+    return [queue, *(f"{queue}\x06\x16{step}" for step in (3, 6, 9))]
 
 
 def holder_token() -> str:
@@ -333,16 +400,22 @@ class RedisCoordination:
         self._lock, self._unlock, self._mark, self._forget = (client.register_script(s) for s in scripts)
         self.hold_ms = int(hold_seconds(settings) * 1000)
         self.queued_s = math.ceil(queued_seconds(settings))
+        # _ADRIFT's grace and the queue's lists, for _MARK and for reservations' _LOCK
+        self.adrift: list[float | str] = [adrift_seconds(settings), _batch(queue_lists(settings))]
         self.keeper = Keeper(client, f"{self.prefix}:", hold_seconds(settings))
         self.where = f"redis at {mask_url(settings.redis_url)}"
 
-    def _take(self, kind: str, names: list[str]) -> list[str | None]:
-        """``SET NX`` each name for this process (its keeper renews them); None where taken."""
+    def _take(self, kind: str, names: list[str], adrift: list[float | str] | None = None) -> list[str | None]:
+        """``SET NX`` each name for this process (its keeper renews them); None where taken.
+
+        With ``adrift`` (reservations), a queued key left adrift is taken too (``_ADRIFT``).
+        """
         if not names:
             return []
         token = holder_token()
+        args = [token, self.hold_ms, f"{self.prefix}:{kind}:", _batch(names), "NX", *(adrift or [])]
         with _redis_errors():
-            busy = set(self._lock(args=[token, self.hold_ms, f"{self.prefix}:{kind}:", _batch(names), "NX"]))
+            busy = set(self._lock(args=args))
         won = [None if i in busy else token for i in range(1, len(names) + 1)]
         self.keeper.add((f"{kind}:{n}" for n, t in zip(names, won, strict=True) if t), token)
         return won
@@ -365,7 +438,9 @@ class RedisCoordination:
             return []
         with _redis_errors():
             pending = set(
-                self._mark(args=[self.queued_s, f"{self.prefix}:pending:{pass_name}:", _batch(keys)])
+                self._mark(
+                    args=[self.queued_s, f"{self.prefix}:pending:{pass_name}:", _batch(keys), *self.adrift]
+                )
             )
         return [k for i, k in enumerate(keys, 1) if i not in pending]
 
@@ -378,7 +453,7 @@ class RedisCoordination:
 
     def reserve(self, ordinals: Iterable[int]) -> list[int]:
         wanted = list(ordinals)
-        won = self._take("reserved", [str(o) for o in wanted])
+        won = self._take("reserved", [str(o) for o in wanted], [self.queued_s, *self.adrift])
         return [o for o, token in zip(wanted, won, strict=True) if token]
 
     def queue_reserved(self, ordinals: Iterable[int]) -> None:

@@ -12,7 +12,16 @@ import redis
 
 from core.settings import Settings
 from poolkeeper.embedded import RedisServer, wait_for
-from tasks.plane import Keeper, LocalCoordination, RedisCoordination, hold_seconds, queued_seconds
+from tasks.plane import (
+    Keeper,
+    LocalCoordination,
+    RedisCoordination,
+    adrift_seconds,
+    hold_seconds,
+    queue_lists,
+    queue_name,
+    queued_seconds,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -100,6 +109,50 @@ def test_the_receiver_holds_a_message_s_marker_and_reservation_until_it_dies(cli
     receiver.keeper.discard(list(receiver.keeper.held()))  # the receiver died
     wait_for("its keys to lapse", lambda: not client.exists("poolkeeper:reserved:4"), 1.5, every=0.05)
     assert dispatcher.mark_pending("materialize", ["b:t:1"]) == ["b:t:1"], "the key can be sent again"
+
+
+def aged(client: redis.Redis, key: str, seconds: float) -> None:
+    """As if ``key`` had been queued ``seconds`` ago (its lifetime counts down from ``queued_seconds``)."""
+    client.pexpire(f"poolkeeper:{key}", int((queued_seconds(SETTINGS) - seconds) * 1000))
+
+
+def test_a_queued_marker_stands_while_its_message_is_in_the_queue_or_young(client: redis.Redis) -> None:
+    coord = RedisCoordination(client, SETTINGS)
+    assert coord.mark_pending("expire", ["1", "2"]) == ["1", "2"]
+    assert adrift_seconds(SETTINGS) == 1.0
+    aged(client, "pending:expire:1", 0.5)  # younger than adrift_seconds: its worker may be holding it now
+    assert coord.mark_pending("expire", ["1"]) == [], "young: still pending though the queue is empty"
+    client.lpush(queue_name(SETTINGS), "a message")
+    aged(client, "pending:expire:2", 600)
+    assert coord.mark_pending("expire", ["2"]) == [], "the queue holds a message: it may be this key's"
+    client.delete(queue_name(SETTINGS))
+    client.lpush(queue_lists(SETTINGS)[2], "a message of priority 6")
+    assert coord.mark_pending("expire", ["2"]) == [], "every priority's list counts"
+
+
+def test_a_queued_marker_whose_queue_ran_dry_is_adrift_and_sent_again(client: redis.Redis) -> None:
+    coord = RedisCoordination(client, SETTINGS)
+    assert coord.mark_pending("expire", ["1", "2", "3"]) == ["1", "2", "3"]
+    coord.hold("expire", ["3"], [], seconds=60)  # received: its worker holds it
+    for key in ("pending:expire:1", "pending:expire:3"):
+        aged(client, key, 1.5)
+    # the queue is empty: key 1's message was taken by a worker that died before holding it
+    assert coord.mark_pending("expire", ["1", "2", "3"]) == ["1"], "only the old, unheld queued marker"
+    assert ttl(client, "pending:expire:1") > 1000, "queued again for its new message's whole life"
+    assert coord.mark_pending("expire", ["1"]) == [], "and pending again"
+
+
+def test_a_queued_reservation_whose_queue_ran_dry_is_adrift_and_reserved_again(client: redis.Redis) -> None:
+    dispatcher, other = RedisCoordination(client, SETTINGS), RedisCoordination(client, SETTINGS)
+    assert dispatcher.reserve([4, 5]) == [4, 5]
+    dispatcher.queue_reserved([4, 5])
+    assert other.reserve([4, 5]) == [], "queued, young: their claims are on their way"
+    aged(client, "reserved:4", 1.5)
+    client.lpush(queue_name(SETTINGS), "a message")
+    assert other.reserve([4]) == [], "the queue holds a message: it may be this claim"
+    client.delete(queue_name(SETTINGS))
+    assert other.reserve([4, 5]) == [4], "adrift: the ordinal is free again"
+    assert 0 < ttl(client, "reserved:4") <= 1.0 and "reserved:4" in other.keeper.held()
 
 
 def test_a_hold_ends_at_its_deadline_even_while_its_holder_lives(client: redis.Redis) -> None:

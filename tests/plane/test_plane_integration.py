@@ -241,6 +241,41 @@ def test_a_storm_never_queues_more_than_one_message_per_row(env: PlaneEnv) -> No
     assert {r.attempt for r in env.rows().values()} == {2}, "no row expired twice"
 
 
+def test_a_message_taken_by_a_worker_that_died_before_holding_it_is_sent_again(env: PlaneEnv) -> None:
+    k, tick = 20, 1.0
+    settings = make_settings(env.tmp, env.redis.url, pool_size=k, tick_seconds=tick)
+    store = PoolStore.from_settings(settings)
+    for i in range(k):  # K running rows whose leases ended long ago
+        store.add_run(board="b", task_id=f"s{i}", run_id=1, ordinal=i, payload={}, now=0)
+        assert store.offer(i, owner=OWNER, now=0) is not None
+    plane = Plane(settings, store, env.kanban, RedisCoordination(env.redis.client(), settings))
+    from tasks.celery import make_app
+
+    app = make_app(settings)
+
+    def enqueue(pass_name: str, keys: list[Any]) -> None:
+        app.send_task(process_task(settings), (pass_name, keys), queue=queue_name(settings))
+
+    assert scan.scan(plane, "expire", time.time(), enqueue) == k
+    # A worker takes the message off the queue (kombu's BRPOP) and is killed before its
+    # task_received hold: the message is gone, its keys' markers still say "queued".
+    taken = time.monotonic()
+    assert env.redis.client().rpop(queue_name(settings)) is not None
+    assert scan.scan(plane, "expire", time.time(), enqueue) == 0, "its markers stand a while"
+
+    # Then a scan sends the keys again once the markers are adrift, not at the visibility timeout
+    sent = wait_for(
+        "the keys sent again", lambda: scan.scan(plane, "expire", time.time(), enqueue), 30, every=0.1
+    )
+    took = time.monotonic() - taken
+    assert sent == k and took <= 2 * tick + 1.5, f"sent again {took:.1f}s after the message was lost"
+    proc = CeleryProc("worker", settings.env(), env.tmp, "taker")
+    env.procs.append(proc.wait_ready())
+    wait_for("every row re-offered", lambda: all(r.state == "assigned" for r in env.rows().values()), 60)
+    assert {r.attempt for r in env.rows().values()} == {2}, "no row expired twice"
+    assert scan.scan(plane, "expire", time.time(), enqueue) == 0
+
+
 def test_redis_outage_loses_nothing(env: PlaneEnv) -> None:
     ids = env.add_tasks(30)
     env.worker()
