@@ -189,6 +189,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fault-every", type=float, default=8, help="mean seconds between faults")
     p.add_argument("--restart-delay", type=float, default=0.5, help="a supervisor's delay before a restart")
     p.add_argument("--lease", type=float, default=6, help="POOL_LEASE_SECONDS")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=15,
+        help="POOL_TASK_TIME_LIMIT (a Celery message's; a lost message's keys are sent again about"
+        " two of them after the queue runs dry)",
+    )
     p.add_argument("--tick", type=float, default=1, help="POOL_TICK_SECONDS")
     p.add_argument("--reconcile", type=float, default=30, help="POOL_RECONCILE_SECONDS")
     p.add_argument("--poll", type=float, default=0.2, help="`poolctl worker --poll`")
@@ -230,6 +237,7 @@ class Soak:
             lease_seconds=args.lease,
             tick_seconds=args.tick,
             reconcile_seconds=args.reconcile,
+            task_time_limit=args.time_limit,
             chaos_board_busy_rate=args.board_busy,
             chaos_poison_tasks=",".join(f"poison-{i:05d}" for i in range(args.poison)),
         )
@@ -497,7 +505,8 @@ class Soak:
         print(f"soak: {' '.join(shlex.quote(x) for x in [sys.executable, *sys.argv])}")
         print(
             f"settings: tasks={a.tasks} ordinals={a.ordinals} lease={a.lease}s tick={a.tick}s "
-            f"reconcile={a.reconcile}s poll={a.poll}s work={a.work[0]}-{a.work[1]}s hang={2 * a.lease}s "
+            f"reconcile={a.reconcile}s time_limit={a.time_limit}s poll={a.poll}s "
+            f"work={a.work[0]}-{a.work[1]}s hang={2 * a.lease}s "
             f"hang_rate={a.hang_rate} fail_rate={a.fail_rate} poison={a.poison} board_busy={a.board_busy}\n"
             f"          faults={','.join(a.kinds) or 'none'} every~{a.fault_every}s for {a.duration}s, "
             f"restart delay {a.restart_delay}s, deadline {a.deadline}s, seed={a.seed}, files {self.workdir}",

@@ -17,9 +17,9 @@ Whatever a process holds lives ``hold_seconds`` (half a tick) and is renewed by 
 process's ``Keeper`` while it lives, in one round trip for everything it holds, so what a
 dead process held is free again within half a tick. A marker or a reservation that stands
 for a message in the queue is not held by any process: the queue keeps the message, and
-it lives ``queued_seconds`` (past any redelivery), unless the queue runs dry while it
-stands: then it is adrift (``adrift_seconds``: its message was taken by a worker that
-died before holding it) and the next scan sends its key again. The worker that receives
+it lives ``queued_seconds`` (past any redelivery), unless the queue has been seen dry
+for ``adrift_seconds`` while it stood: then it is adrift (its message was taken by a
+worker that died before holding it) and the next scan sends its key again. The worker that receives
 the message holds them from then on (``Coordination.hold``).
 
 Every key starts with the deployment's namespace (``POOL_NAMESPACE``), as do
@@ -46,6 +46,7 @@ from typing import Protocol
 
 import redis
 
+import beat_schedule
 from board import Board, open_board, with_faults
 from core.db import mask_url
 from core.errors import ConfigError, TransientError, Unavailable
@@ -59,39 +60,71 @@ log = logging.getLogger("poolkeeper.maintenance")
 # one per key: packing a thousand keys cost the client more than Redis spent on them.
 # (A single Redis server allows keys a script composes; the Celery broker is one anyway.)
 #
-# A queued marker or reservation stands for a message in the queue. One that has been
-# queued for ``adrift_seconds`` while the queue holds no message at all stands for nothing:
-# its message was taken off the queue by a worker that died before it could hold it (or
-# was lost in between), and it is free again. ``adrift`` takes the key, its queued lifetime
-# and the grace (seconds) and the queue's lists (a JSON array); whether the queue is empty
-# is read once per call, and only for a key that is queued and old enough.
+# A queued marker or reservation stands for a message in the queue, or for one a worker
+# has taken off it and is about to hold (``task_received``). kombu takes a message with
+# BRPOP and records it as unacknowledged only afterwards, and a live worker out of credit
+# keeps a popped message unread until its running task ends: so a taken message goes
+# unheld for up to a time limit, and for ever if its worker dies in between.
+#
+# ``watch`` reads the queue on every call that names one (ARGV's last item, a JSON object:
+# the queued lifetime, ``window``, ``lead``, the queue's lists, the scan task's name, and
+# ``stamp``, the key holding when the queue was last seen turning dry): a list holding any
+# message but beat's scan messages (every tick has some) deletes the stamp, a dry queue
+# stamps it if it is not. ``adrift`` then says a queued key stands for nothing any more:
+# the queue has been seen dry at every call for ``window`` seconds, and the key has been
+# queued for ``lead`` longer. Scans call every tick while their key is due, so its message
+# was seen in the list, or popped, within ``lead`` of its queueing: ``window`` ago at least.
 _ADRIFT = """
-local queue_empty = nil
-local function adrift(key, queued, grace, lists)
-  if redis.call('get', key) ~= 'queued' then return false end
-  if redis.call('pttl', key) > (tonumber(queued) - tonumber(grace)) * 1000 then return false end
-  if queue_empty == nil then
-    queue_empty = true
-    for _, list in ipairs(cjson.decode(lists)) do
-      if redis.call('llen', list) > 0 then queue_empty = false end
+local function watch(json)
+  if not json then return nil, -1 end
+  local a = cjson.decode(json)
+  for _, list in ipairs(a.lists) do
+    local n = redis.call('llen', list)
+    local wet = n > 64
+    for i = 0, wet and -1 or n - 1 do  -- a scan message is small: a big one is read no further
+      local raw = redis.call('lindex', list, i)
+      local ok, msg = pcall(cjson.decode, #raw <= 4096 and raw or 'null')
+      local headers = ok and type(msg) == 'table' and msg.headers
+      if not (type(headers) == 'table' and headers.task == a.scan) then
+        wet = true
+        break
+      end
+    end
+    if wet then
+      redis.call('del', a.stamp)
+      return a, -1
     end
   end
-  return queue_empty
+  local t = redis.call('time')
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  local since = tonumber(redis.call('get', a.stamp))
+  if not since then
+    since = now
+    redis.call('set', a.stamp, string.format('%.6f', now), 'EX', a.queued)
+  end
+  return a, now - since
+end
+local function adrift(key, a, dry)
+  if not a or dry < a.window or redis.call('get', key) ~= 'queued' then return false end
+  local ttl = redis.call('pttl', key)
+  local age = ttl < 0 and a.queued or a.queued - ttl / 1000
+  return age >= a.window + a.lead
 end
 """
 # Locks (and reservations): one token per batch; the indexes (1-based) of the names it did
 # NOT win come back (in a storm, none: a reply of a thousand won indexes cost more to parse
 # than the locking). ARGV[5] 'NX' takes free keys; 'XX' takes over keys that exist (a
 # received message's markers and reservations: one already gone is not made again). With
-# ARGV[6..8] (reservations), 'NX' also takes a key left adrift (``_ADRIFT``).
+# ARGV[6] (reservations), 'NX' also takes a key left adrift (``_ADRIFT``).
 _LOCK = (
     _ADRIFT
     + """
 local busy = {}
+local a, dry = watch(ARGV[6])
 for i, name in ipairs(cjson.decode(ARGV[4])) do
   local key = ARGV[3] .. name
   if not redis.call('set', key, ARGV[1], ARGV[5], 'PX', ARGV[2]) then
-    if ARGV[8] and adrift(key, ARGV[6], ARGV[7], ARGV[8]) then
+    if adrift(key, a, dry) then
       redis.call('set', key, ARGV[1], 'PX', ARGV[2])
     else
       busy[#busy + 1] = i
@@ -114,16 +147,17 @@ for _, name in ipairs(cjson.decode(ARGV[3])) do
 end
 return n
 """
-# Pending markers: set where absent or adrift (``_ADRIFT``: ARGV[4], ARGV[5]); the indexes
-# of those already pending come back.
+# Pending markers: set where absent or adrift (``_ADRIFT``: ARGV[4]); the indexes of those
+# already pending come back.
 _MARK = (
     _ADRIFT
     + """
 local pending = {}
+local a, dry = watch(ARGV[4])
 for i, name in ipairs(cjson.decode(ARGV[3])) do
   local key = ARGV[2] .. name
   if not redis.call('set', key, 'queued', 'NX', 'EX', ARGV[1]) then
-    if adrift(key, ARGV[1], ARGV[4], ARGV[5]) then
+    if adrift(key, a, dry) then
       redis.call('set', key, 'queued', 'EX', ARGV[1])
     else
       pending[#pending + 1] = i
@@ -176,16 +210,22 @@ def queued_seconds(settings: Settings) -> float:
 
 
 def adrift_seconds(settings: Settings) -> float:
-    """How long a queued marker or reservation may stand while the queue holds no message.
+    """How long the queue must have been seen dry before a queued key can be adrift.
 
-    Longer than any live path from the queue to the receiver's hold (a worker takes the
-    message, then holds its keys in the same breath: ``task_received``), so a key is
-    re-sent only when its message was taken by a worker that died before holding it, or
-    lost with its connection. Then the next scan finds the key: within two ticks of the
-    queue running dry. A live message that is late anyway is sent twice, which the row's
-    lock and the store's conditional updates make harmless.
+    Longer than any live path from the queue to the receiver's hold: a worker out of
+    credit keeps a popped message unread until its running task ends (a time limit), and
+    one that received it waits up to another for a free child; a tick on top. A live
+    message later still (its hold failed) is at worst sent twice, which the row's lock
+    and the store's conditional updates make harmless.
     """
-    return max(settings.tick_seconds, MIN_HOLD_SECONDS)
+    return 2 * settings.task_time_limit + settings.tick_seconds
+
+
+def adrift_lead(settings: Settings) -> float:
+    """How much longer than ``adrift_seconds`` an adrift key must have been queued: its message
+    is pushed right after its marker, and the next scan, a tick later, sees it in the list
+    unless it was popped (two ticks, at least two seconds)."""
+    return 2 * max(settings.tick_seconds, MIN_HOLD_SECONDS)
 
 
 def queue_lists(settings: Settings) -> list[str]:
@@ -400,12 +440,19 @@ class RedisCoordination:
         self._lock, self._unlock, self._mark, self._forget = (client.register_script(s) for s in scripts)
         self.hold_ms = int(hold_seconds(settings) * 1000)
         self.queued_s = math.ceil(queued_seconds(settings))
-        # _ADRIFT's grace and the queue's lists, for _MARK and for reservations' _LOCK
-        self.adrift: list[float | str] = [adrift_seconds(settings), _batch(queue_lists(settings))]
+        adrift = {
+            "queued": self.queued_s,
+            "window": adrift_seconds(settings),
+            "lead": adrift_lead(settings),
+            "lists": queue_lists(settings),
+            "scan": beat_schedule.scan_task(settings),
+            "stamp": f"{self.prefix}:queue-dry-since",
+        }
+        self.adrift = json.dumps(adrift, separators=(",", ":"))  # _ADRIFT's argument
         self.keeper = Keeper(client, f"{self.prefix}:", hold_seconds(settings))
         self.where = f"redis at {mask_url(settings.redis_url)}"
 
-    def _take(self, kind: str, names: list[str], adrift: list[float | str] | None = None) -> list[str | None]:
+    def _take(self, kind: str, names: list[str], adrift: str | None = None) -> list[str | None]:
         """``SET NX`` each name for this process (its keeper renews them); None where taken.
 
         With ``adrift`` (reservations), a queued key left adrift is taken too (``_ADRIFT``).
@@ -413,7 +460,8 @@ class RedisCoordination:
         if not names:
             return []
         token = holder_token()
-        args = [token, self.hold_ms, f"{self.prefix}:{kind}:", _batch(names), "NX", *(adrift or [])]
+        args: list[str | int] = [token, self.hold_ms, f"{self.prefix}:{kind}:", _batch(names), "NX"]
+        args += [adrift] if adrift else []
         with _redis_errors():
             busy = set(self._lock(args=args))
         won = [None if i in busy else token for i in range(1, len(names) + 1)]
@@ -439,7 +487,7 @@ class RedisCoordination:
         with _redis_errors():
             pending = set(
                 self._mark(
-                    args=[self.queued_s, f"{self.prefix}:pending:{pass_name}:", _batch(keys), *self.adrift]
+                    args=[self.queued_s, f"{self.prefix}:pending:{pass_name}:", _batch(keys), self.adrift]
                 )
             )
         return [k for i, k in enumerate(keys, 1) if i not in pending]
@@ -453,7 +501,7 @@ class RedisCoordination:
 
     def reserve(self, ordinals: Iterable[int]) -> list[int]:
         wanted = list(ordinals)
-        won = self._take("reserved", [str(o) for o in wanted], [self.queued_s, *self.adrift])
+        won = self._take("reserved", [str(o) for o in wanted], self.adrift)
         return [o for o, token in zip(wanted, won, strict=True) if token]
 
     def queue_reserved(self, ordinals: Iterable[int]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -116,41 +117,59 @@ def aged(client: redis.Redis, key: str, seconds: float) -> None:
     client.pexpire(f"poolkeeper:{key}", int((queued_seconds(SETTINGS) - seconds) * 1000))
 
 
-def test_a_queued_marker_stands_while_its_message_is_in_the_queue_or_young(client: redis.Redis) -> None:
+def dry_for(client: redis.Redis, seconds: float) -> None:
+    """As if the queue had been seen empty of process messages for ``seconds``."""
+    now, micros = client.time()
+    client.set("poolkeeper:queue-dry-since", f"{now + micros / 1e6 - seconds:.6f}")
+
+
+SCAN_MESSAGE = json.dumps({"headers": {"task": "poolkeeper.scan"}, "body": ""})
+WINDOW = adrift_seconds(SETTINGS)
+
+
+def test_a_queued_marker_stands_while_its_message_may_be_in_flight(client: redis.Redis) -> None:
     coord = RedisCoordination(client, SETTINGS)
-    assert coord.mark_pending("expire", ["1", "2"]) == ["1", "2"]
-    assert adrift_seconds(SETTINGS) == 1.0
-    aged(client, "pending:expire:1", 0.5)  # younger than adrift_seconds: its worker may be holding it now
-    assert coord.mark_pending("expire", ["1"]) == [], "young: still pending though the queue is empty"
-    client.lpush(queue_name(SETTINGS), "a message")
-    aged(client, "pending:expire:2", 600)
-    assert coord.mark_pending("expire", ["2"]) == [], "the queue holds a message: it may be this key's"
+    assert WINDOW == 2 * SETTINGS.task_time_limit + SETTINGS.tick_seconds == 21.0
+    assert coord.mark_pending("expire", ["1", "2", "3"]) == ["1", "2", "3"]
+    for key in ("1", "2", "3"):
+        aged(client, f"pending:expire:{key}", WINDOW + 10)
+    assert coord.mark_pending("expire", ["1"]) == [], "the queue was only now seen dry"
+    assert client.exists("poolkeeper:queue-dry-since"), "and that was stamped"
+    dry_for(client, WINDOW - 2)
+    assert coord.mark_pending("expire", ["1"]) == [], "dry for less than a time limit's worth"
+    dry_for(client, WINDOW + 1)
+    aged(client, "pending:expire:2", WINDOW + 1)
+    assert coord.mark_pending("expire", ["2"]) == [], "queued as the queue ran dry: its message may be popped"
+    client.lpush(queue_name(SETTINGS), "a process message")
+    assert coord.mark_pending("expire", ["3"]) == [], "the queue holds a message: it may be this key's"
+    assert not client.exists("poolkeeper:queue-dry-since"), "and the dry stamp is gone with it"
     client.delete(queue_name(SETTINGS))
     client.lpush(queue_lists(SETTINGS)[2], "a message of priority 6")
-    assert coord.mark_pending("expire", ["2"]) == [], "every priority's list counts"
+    dry_for(client, WINDOW + 1)
+    assert coord.mark_pending("expire", ["3"]) == [], "every priority's list counts"
 
 
-def test_a_queued_marker_whose_queue_ran_dry_is_adrift_and_sent_again(client: redis.Redis) -> None:
+def test_a_queued_marker_of_a_queue_long_dry_is_adrift_and_sent_again(client: redis.Redis) -> None:
     coord = RedisCoordination(client, SETTINGS)
     assert coord.mark_pending("expire", ["1", "2", "3"]) == ["1", "2", "3"]
     coord.hold("expire", ["3"], [], seconds=60)  # received: its worker holds it
     for key in ("pending:expire:1", "pending:expire:3"):
-        aged(client, key, 1.5)
-    # the queue is empty: key 1's message was taken by a worker that died before holding it
+        aged(client, key, WINDOW + 10)
+    client.lpush(queue_name(SETTINGS), SCAN_MESSAGE)  # beat's scan messages do not count
+    dry_for(client, WINDOW + 1)
+    # key 1's message was taken by a worker that died before holding it
     assert coord.mark_pending("expire", ["1", "2", "3"]) == ["1"], "only the old, unheld queued marker"
     assert ttl(client, "pending:expire:1") > 1000, "queued again for its new message's whole life"
     assert coord.mark_pending("expire", ["1"]) == [], "and pending again"
 
 
-def test_a_queued_reservation_whose_queue_ran_dry_is_adrift_and_reserved_again(client: redis.Redis) -> None:
+def test_a_queued_reservation_of_a_queue_long_dry_is_adrift_and_reserved_again(client: redis.Redis) -> None:
     dispatcher, other = RedisCoordination(client, SETTINGS), RedisCoordination(client, SETTINGS)
     assert dispatcher.reserve([4, 5]) == [4, 5]
     dispatcher.queue_reserved([4, 5])
-    assert other.reserve([4, 5]) == [], "queued, young: their claims are on their way"
-    aged(client, "reserved:4", 1.5)
-    client.lpush(queue_name(SETTINGS), "a message")
-    assert other.reserve([4]) == [], "the queue holds a message: it may be this claim"
-    client.delete(queue_name(SETTINGS))
+    aged(client, "reserved:4", WINDOW + 10)
+    assert other.reserve([4, 5]) == [], "queued: their claims are on their way"
+    dry_for(client, WINDOW + 1)
     assert other.reserve([4, 5]) == [4], "adrift: the ordinal is free again"
     assert 0 < ttl(client, "reserved:4") <= 1.0 and "reserved:4" in other.keeper.held()
 

@@ -25,7 +25,7 @@ from poolkeeper.simulate import Faults, SimPool
 from store import Offer, PoolStore
 from tasks import registry, scan
 from tasks.declaration import Outcome
-from tasks.plane import Plane, RedisCoordination, process_task, queue_name
+from tasks.plane import Plane, RedisCoordination, adrift_lead, adrift_seconds, process_task, queue_name
 from tests.factories import OWNER
 from tests.helpers import PlaneEnv, make_settings
 
@@ -243,7 +243,8 @@ def test_a_storm_never_queues_more_than_one_message_per_row(env: PlaneEnv) -> No
 
 def test_a_message_taken_by_a_worker_that_died_before_holding_it_is_sent_again(env: PlaneEnv) -> None:
     k, tick = 20, 1.0
-    settings = make_settings(env.tmp, env.redis.url, pool_size=k, tick_seconds=tick)
+    settings = make_settings(env.tmp, env.redis.url, pool_size=k, tick_seconds=tick, task_time_limit=2.0)
+    bound = adrift_seconds(settings) + adrift_lead(settings) + tick  # 8 s: a scan a tick
     store = PoolStore.from_settings(settings)
     for i in range(k):  # K running rows whose leases ended long ago
         store.add_run(board="b", task_id=f"s{i}", run_id=1, ordinal=i, payload={}, now=0)
@@ -263,12 +264,15 @@ def test_a_message_taken_by_a_worker_that_died_before_holding_it_is_sent_again(e
     assert env.redis.client().rpop(queue_name(settings)) is not None
     assert scan.scan(plane, "expire", time.time(), enqueue) == 0, "its markers stand a while"
 
-    # Then a scan sends the keys again once the markers are adrift, not at the visibility timeout
-    sent = wait_for(
-        "the keys sent again", lambda: scan.scan(plane, "expire", time.time(), enqueue), 30, every=0.1
-    )
+    # Then a scan a tick sends the keys again once they are adrift, not at the visibility timeout
+    def scanned() -> int:
+        time.sleep(tick)  # beat's pace
+        return scan.scan(plane, "expire", time.time(), enqueue)
+
+    sent = wait_for("the keys sent again", scanned, 60, every=0)
     took = time.monotonic() - taken
-    assert sent == k and took <= 2 * tick + 1.5, f"sent again {took:.1f}s after the message was lost"
+    assert sent == k and took <= bound + 1.5, f"sent again {took:.1f}s after the message was lost"
+    assert took >= adrift_seconds(settings), "never while its message may still be in flight"
     proc = CeleryProc("worker", settings.env(), env.tmp, "taker")
     env.procs.append(proc.wait_ready())
     wait_for("every row re-offered", lambda: all(r.state == "assigned" for r in env.rows().values()), 60)
