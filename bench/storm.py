@@ -331,6 +331,7 @@ def profile(workdir: Path, url: str, n: int, redis: RedisServer) -> None:
         return found
 
     try:
+        redis.client().config_resetstat()
         before = {pid: cpu_seconds(pid) for pids in groups().values() for pid in pids}
         wall_start = time.perf_counter()
         seconds = run.clear()
@@ -339,6 +340,7 @@ def profile(workdir: Path, url: str, n: int, redis: RedisServer) -> None:
             name: sum(cpu_seconds(pid) - before.get(pid, 0.0) for pid in pids)
             for name, pids in groups().items()
         }
+        stats = redis.client().info("commandstats")
     finally:
         run.stop()
     print(f"\nprofile: plane over {n} rows, {url.split(':')[0]}: {n / seconds:.0f} rows/s, wall {wall:.2f}s")
@@ -346,6 +348,11 @@ def profile(workdir: Path, url: str, n: int, redis: RedisServer) -> None:
         print(f"  {name:20s} {cpu * 1e6 / n:6.1f} us/row")
     total = sum(spent.values())
     print(f"  {'total':20s} {total * 1e6 / n:6.1f} us/row ({total:.2f}s CPU in {wall:.2f}s wall on 2 cores)")
+    top = sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:6]
+    print(
+        "  redis commands (usec/row, calls):",
+        ", ".join(f"{k[4:]} {v['usec'] / n:.1f} {v['calls']}" for k, v in top),
+    )
 
 
 def run_naive(workdir: Path, url: str, n: int, redis: RedisServer) -> float:

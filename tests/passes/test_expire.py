@@ -69,3 +69,20 @@ def test_the_expire_scanner_batches_rows_with_a_failure_streak_apart(
     assert registry.get("expire").find(plane, NOW, record) == len(rows)
     clean = [r for r in rows if r not in suspects]
     assert messages == [clean, suspects[:SUSPECTS_PER_BATCH], suspects[SUSPECTS_PER_BATCH:]]
+
+
+def test_the_expire_scanner_queues_suspects_behind_every_clean_page(plane: Plane, make_row: RowFactory) -> None:
+    rows = [make_row(RowState.RUNNING, ordinal=i, lease_until=NOW - 100 + i) for i in range(12)]
+    suspects = [rows[1], rows[6]]  # one on the first page, one on the second
+    with plane.store.session() as s:
+        s.execute(update(Assignment).where(Assignment.id.in_(suspects)).values(failures=1))
+    paged = replace(plane, settings=replace(plane.settings, scan_limit=5))
+    messages: list[list[int]] = []
+
+    def record(pass_name: str, keys: Sequence[int]) -> list[int]:
+        messages.append(list(keys))
+        return list(keys)
+
+    assert registry.get("expire").find(paged, NOW, record) == len(rows)
+    clean = [r for r in rows if r not in suspects]
+    assert messages == [clean[:4], clean[4:8], clean[8:], suspects]  # pages of 5, the suspects last
