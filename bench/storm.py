@@ -59,6 +59,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from board import open_board
+from core import db
 from core.settings import Settings
 from poolkeeper.embedded import CeleryProc, RedisServer, wait_for
 from store import PoolStore, queries, transitions
@@ -310,6 +311,63 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def floors(url: str, n: int, redis: RedisServer) -> None:
+    """What must remain of the plane's work per row, each alone on the same rows: the database's
+    (the plane's own guarded UPDATE and its audit events, over all n at once) against (u)'s,
+    and Redis's (a lock per row taken and let go, in batches of 1,000), in CPU per row."""
+    pg = not url.startswith("sqlite")
+
+    def timed(work: Callable[[Any, Any, list[int]], None]) -> tuple[float, float]:
+        """(rows/s, database CPU us/row) of ``work(connection, driver cursor, due ids)``, in one
+        transaction, the commit included (the due ids are read before the clock starts)."""
+        store = storm(url, n, "")[1]
+        with store.session(readonly=True) as s:
+            ids = [row.id for row in queries.due_expired(s, now=time.time(), limit=n)]
+        start = time.perf_counter()
+        with store.connection() as conn:
+            driver: Any = conn.connection.driver_connection
+            pid = driver.info.backend_pid if pg else 0
+            cpu = cpu_seconds(pid) if pg else time.process_time()
+            work(conn, driver.cursor(), ids)
+        seconds = time.perf_counter() - start
+        used = (cpu_seconds(pid) if pg else time.process_time()) - cpu
+        store.engine.dispose()
+        return n / seconds, used * 1e6 / n
+
+    def set_update(conn: Any, cursor: Any, ids: list[int]) -> None:
+        now = time.time()
+        cursor.execute(RAW_SET_EXPIRE.format(p=db.placeholder(conn)), (3, 3, now, now, now))
+        assert cursor.rowcount == n
+
+    def plane_statement(conn: Any, cursor: Any, ids: list[int]) -> None:
+        got = transitions.expire_many(conn, ids, max_attempts=3, now=time.time(), actor="pass:expire")
+        assert len(got.moved) == n
+
+    u_rate, u_cpu = timed(set_update)
+    e_rate, e_cpu = timed(plane_statement)
+    client = redis.client()
+    client.flushall()
+    coord = RedisCoordination(client, Settings())
+    names = [f"row:{i}" for i in range(n)]
+    redis_cpu, own = cpu_seconds(redis.proc.pid) if redis.proc else 0.0, time.process_time()
+    start = time.perf_counter()
+    for first in range(0, n, 1000):
+        part = names[first : first + 1000]
+        tokens = coord.lock_many(part)
+        coord.finish({k: t for k, t in zip(part, tokens, strict=True) if t}, "expire", [])
+    lock_rate = n / (time.perf_counter() - start)
+    redis_us = ((cpu_seconds(redis.proc.pid) if redis.proc else 0.0) - redis_cpu) * 1e6 / n
+    own_us = (time.process_time() - own) * 1e6 / n
+    where = "PostgreSQL backend" if pg else "SQLite, in process"
+    print(f"  floors, each alone over the same {n} rows (CPU of {where}):")
+    print(f"    (u) one set UPDATE                          {u_rate:9.0f} rows/s  {u_cpu:5.1f} us/row")
+    print(f"    the plane's UPDATE + audit events, one call {e_rate:9.0f} rows/s  {e_cpu:5.1f} us/row")
+    print(
+        f"    a Redis lock per row, taken and let go      {lock_rate:9.0f} rows/s"
+        f"  redis-server {redis_us:4.1f} + client {own_us:4.1f} us/row"
+    )
+
+
 def profile(workdir: Path, url: str, n: int, redis: RedisServer) -> None:
     """Where the plane's CPU goes per row: (a) once, each process group's CPU from ``/proc``
     (PostgreSQL: the backends of this run's database), against (u) on the same rows."""
@@ -351,7 +409,7 @@ def profile(workdir: Path, url: str, n: int, redis: RedisServer) -> None:
     top = sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:6]
     print(
         "  redis commands (usec/row, calls):",
-        ", ".join(f"{k[4:]} {v['usec'] / n:.1f} {v['calls']}" for k, v in top),
+        ", ".join(f"{k.removeprefix('cmdstat_')} {v['usec'] / n:.1f} {v['calls']}" for k, v in top),
     )
 
 
@@ -604,6 +662,7 @@ def main() -> None:
                     if args.profile:
                         try:
                             profile(*backend.fresh("prof"), n, redis)
+                            floors(backend.fresh("floor")[1], n, redis)
                         finally:
                             backend.clean()
                         continue
