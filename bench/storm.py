@@ -345,6 +345,7 @@ def floors(url: str, n: int, redis: RedisServer) -> None:
 
     u_rate, u_cpu = timed(set_update)
     e_rate, e_cpu = timed(plane_statement)
+    b_rate = run_raw(url, n)
     client = redis.client()
     client.flushall()
     coord = RedisCoordination(client, Settings())
@@ -361,7 +362,11 @@ def floors(url: str, n: int, redis: RedisServer) -> None:
     where = "PostgreSQL backend" if pg else "SQLite, in process"
     print(f"  floors, each alone over the same {n} rows (CPU of {where}):")
     print(f"    (u) one set UPDATE                          {u_rate:9.0f} rows/s  {u_cpu:5.1f} us/row")
-    print(f"    the plane's UPDATE + audit events, one call {e_rate:9.0f} rows/s  {e_cpu:5.1f} us/row")
+    print(f"    (b) monolithic on the DB-API                {b_rate:9.0f} rows/s")
+    print(
+        f"    the plane's UPDATE + audit events, one call {e_rate:9.0f} rows/s  {e_cpu:5.1f} us/row"
+        f"   /(u) = {e_rate / u_rate:.2f}   /(b) = {e_rate / b_rate:.2f}"
+    )
     print(
         f"    a Redis lock per row, taken and let go      {lock_rate:9.0f} rows/s"
         f"  redis-server {redis_us:4.1f} + client {own_us:4.1f} us/row"
