@@ -22,7 +22,12 @@ re-offered by:
       transition on every attempt), all in the first batches: what they cost
       the healthy rows;
   (a'') the same 1%, one row in every hundred, so that every batch has ten:
-      the worst case for finding them by splitting;
+      the worst case for finding them by splitting (their first encounter: no
+      row has a failure history, so the scanner cannot tell them apart);
+  (a''h) the same spread 1%, each poisoned row with a failure history (it failed
+      once before and its backoff has run out): the scanner sets them apart in
+      batches of their own (tasks.declaration SUSPECTS_PER_BATCH), so clean
+      batches never pay the search; what that costs the healthy rows;
   (a0) the plane again with the audit trail switched off (bench/audit_off.py):
       what the trail costs it;
   (c) a naive plane: one message, one lock, one connection per row.
@@ -35,11 +40,13 @@ Every figure is measured in the same run as its baseline, so ratios hold on a
 noisy machine.
 
     python bench/storm.py [--rows N [N ...]] [--backends sqlite postgres] [--big N] [--rounds R] [--quick]
+                          [--modes u b b' a at a' a'' a''h a0]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sqlite3
 import tempfile
@@ -52,6 +59,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from board import open_board
+from core import db
 from core.settings import Settings
 from poolkeeper.embedded import CeleryProc, RedisServer, wait_for
 from store import PoolStore, queries, transitions
@@ -97,10 +105,12 @@ def storm(
     poisoned: Collection[int] = (),
     trigger: bool = False,
     leases: list[float] | None = None,
+    history: bool = False,
     **over: Any,
 ) -> tuple[Settings, PoolStore]:
     """n running rows (leases ended a minute ago unless given); those at ``poisoned`` refuse every
-    change, through a trigger that every row's update runs (also with ``trigger`` and none poisoned)."""
+    change, through a trigger that every row's update runs (also with ``trigger`` and none poisoned).
+    With ``history`` the poisoned rows failed once before (``failures`` 1, their backoff run out)."""
     settings = Settings(database_url=url, board_url=url, redis_url=redis_url, pool_size=max(n, 1), **over)
     store = PoolStore.from_settings(settings)
     store.migrate()
@@ -116,6 +126,7 @@ def storm(
             "fence": i + 1,
             "lease": past if leases is None else leases[i],
             "now": past,
+            "failures": int(history and i in bad),
         }
         for i in range(n)
     ]
@@ -126,7 +137,7 @@ def storm(
                 "INSERT INTO assignments (board, task_id, run_id, ordinal, state, attempt, fence,"
                 " lease_until, payload, payload_digest, created_at, updated_at, failures,"
                 " next_attempt_at, quarantined) VALUES ('b', :task_id, 1, :ordinal, 'running', 1,"
-                " :fence, :lease, '{}', 'x', :now, :now, 0, 0, false)"
+                " :fence, :lease, '{}', 'x', :now, :now, :failures, 0, false)"
             ),
             rows,
         )
@@ -278,15 +289,133 @@ def plane_rate(
     app: str = "tasks",
     poisoned: Collection[int] = (),
     trigger: bool = False,
+    history: bool = False,
 ) -> float:
     """Healthy rows re-offered per second (a poisoned row stays out of the run once it failed)."""
     redis.client().flushall()
-    settings, store = storm(url, n, redis.url, poisoned=poisoned, trigger=trigger, backoff_base_seconds=60)
+    over: dict[str, Any] = {"backoff_base_seconds": 60}
+    settings, store = storm(url, n, redis.url, poisoned=poisoned, trigger=trigger, history=history, **over)
     run = PlaneRun(workdir, settings, store, redis, procs, app)
     try:
         return (n - len(poisoned)) / run.clear()
     finally:
         run.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU so far (user + system), 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def floors(url: str, n: int, redis: RedisServer) -> None:
+    """What must remain of the plane's work per row, each alone on the same rows: the database's
+    (the plane's own guarded UPDATE and its audit events, over all n at once) against (u)'s,
+    and Redis's (a lock per row taken and let go, in batches of 1,000), in CPU per row."""
+    pg = not url.startswith("sqlite")
+
+    def timed(work: Callable[[Any, Any, list[int]], None]) -> tuple[float, float]:
+        """(rows/s, database CPU us/row) of ``work(connection, driver cursor, due ids)``, in one
+        transaction, the commit included (the due ids are read before the clock starts)."""
+        store = storm(url, n, "")[1]
+        with store.session(readonly=True) as s:
+            ids = [row.id for row in queries.due_expired(s, now=time.time(), limit=n)]
+        start = time.perf_counter()
+        with store.connection() as conn:
+            driver: Any = conn.connection.driver_connection
+            pid = driver.info.backend_pid if pg else 0
+            cpu = cpu_seconds(pid) if pg else time.process_time()
+            work(conn, driver.cursor(), ids)
+        seconds = time.perf_counter() - start
+        used = (cpu_seconds(pid) if pg else time.process_time()) - cpu
+        store.engine.dispose()
+        return n / seconds, used * 1e6 / n
+
+    def set_update(conn: Any, cursor: Any, ids: list[int]) -> None:
+        now = time.time()
+        cursor.execute(RAW_SET_EXPIRE.format(p=db.placeholder(conn)), (3, 3, now, now, now))
+        assert cursor.rowcount == n
+
+    def plane_statement(conn: Any, cursor: Any, ids: list[int]) -> None:
+        got = transitions.expire_many(conn, ids, max_attempts=3, now=time.time(), actor="pass:expire")
+        assert len(got.moved) == n
+
+    u_rate, u_cpu = timed(set_update)
+    e_rate, e_cpu = timed(plane_statement)
+    b_rate = run_raw(url, n)
+    client = redis.client()
+    client.flushall()
+    coord = RedisCoordination(client, Settings())
+    names = [f"row:{i}" for i in range(n)]
+    redis_cpu, own = cpu_seconds(redis.proc.pid) if redis.proc else 0.0, time.process_time()
+    start = time.perf_counter()
+    for first in range(0, n, 1000):
+        part = names[first : first + 1000]
+        tokens = coord.lock_many(part)
+        coord.finish({k: t for k, t in zip(part, tokens, strict=True) if t}, "expire", [])
+    lock_rate = n / (time.perf_counter() - start)
+    redis_us = ((cpu_seconds(redis.proc.pid) if redis.proc else 0.0) - redis_cpu) * 1e6 / n
+    own_us = (time.process_time() - own) * 1e6 / n
+    where = "PostgreSQL backend" if pg else "SQLite, in process"
+    print(f"  floors, each alone over the same {n} rows (CPU of {where}):")
+    print(f"    (u) one set UPDATE                          {u_rate:9.0f} rows/s  {u_cpu:5.1f} us/row")
+    print(f"    (b) monolithic on the DB-API                {b_rate:9.0f} rows/s")
+    print(
+        f"    the plane's UPDATE + audit events, one call {e_rate:9.0f} rows/s  {e_cpu:5.1f} us/row"
+        f"   /(u) = {e_rate / u_rate:.2f}   /(b) = {e_rate / b_rate:.2f}"
+    )
+    print(
+        f"    a Redis lock per row, taken and let go      {lock_rate:9.0f} rows/s"
+        f"  redis-server {redis_us:4.1f} + client {own_us:4.1f} us/row"
+    )
+
+
+def profile(workdir: Path, url: str, n: int, redis: RedisServer) -> None:
+    """Where the plane's CPU goes per row: (a) once, each process group's CPU from ``/proc``
+    (PostgreSQL: the backends of this run's database), against (u) on the same rows."""
+    redis.client().flushall()
+    settings, store = storm(url, n, redis.url, backoff_base_seconds=60)
+    run = PlaneRun(workdir, settings, store, redis, 2)
+
+    def groups() -> dict[str, list[int]]:
+        found = {
+            "worker main": [run.worker.proc.pid],
+            "worker children": run.worker.children(),
+            "redis-server": [redis.proc.pid] if redis.proc else [],
+            "bench (scan, poll)": [os.getpid()],
+        }
+        if not url.startswith("sqlite"):
+            with store.engine.connect() as conn:
+                sql = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                found["postgres backends"] = list(conn.scalars(text(sql)))
+        return found
+
+    try:
+        redis.client().config_resetstat()
+        before = {pid: cpu_seconds(pid) for pids in groups().values() for pid in pids}
+        wall_start = time.perf_counter()
+        seconds = run.clear()
+        wall = time.perf_counter() - wall_start
+        spent = {
+            name: sum(cpu_seconds(pid) - before.get(pid, 0.0) for pid in pids)
+            for name, pids in groups().items()
+        }
+        stats = redis.client().info("commandstats")
+    finally:
+        run.stop()
+    print(f"\nprofile: plane over {n} rows, {url.split(':')[0]}: {n / seconds:.0f} rows/s, wall {wall:.2f}s")
+    for name, cpu in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:20s} {cpu * 1e6 / n:6.1f} us/row")
+    total = sum(spent.values())
+    print(f"  {'total':20s} {total * 1e6 / n:6.1f} us/row ({total:.2f}s CPU in {wall:.2f}s wall on 2 cores)")
+    top = sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:6]
+    print(
+        "  redis commands (usec/row, calls):",
+        ", ".join(f"{k.removeprefix('cmdstat_')} {v['usec'] / n:.1f} {v['calls']}" for k, v in top),
+    )
 
 
 def run_naive(workdir: Path, url: str, n: int, redis: RedisServer) -> float:
@@ -386,42 +515,77 @@ class Backend:
             drop_database(self.created.pop())
 
 
-def compare(n: int, rounds: int, naive_rows: int | None, redis: RedisServer, backend: Backend) -> None:
+MODES = ("u", "b", "b'", "a", "at", "a'", "a''", "a''h", "a0")
+BASES = ("u", "b", "a", "at")  # every ratio's denominator: always run
+
+
+def compare(
+    n: int,
+    rounds: int,
+    naive_rows: int | None,
+    redis: RedisServer,
+    backend: Backend,
+    modes: Collection[str] = MODES,
+) -> None:
     fresh = backend.fresh
     best: dict[str, float] = {}
+    spread = range(50, n, 100)
     for _ in range(rounds):  # interleaved rounds, best of each: less noise
         runs: dict[str, Callable[[], float]] = {
             "u": lambda: run_set(fresh("u")[1], n),
             "b": lambda: run_raw(fresh("b")[1], n),
             "b'": lambda: run_store_monolithic(fresh("b2")[1], n),
             "a": lambda: plane_rate(*fresh("a"), n, redis),
-            "a_t": lambda: plane_rate(*fresh("t"), n, redis, trigger=True),
+            "at": lambda: plane_rate(*fresh("t"), n, redis, trigger=True),
             "a'": lambda: plane_rate(*fresh("p"), n, redis, poisoned=range(n // 100)),
-            "a''": lambda: plane_rate(*fresh("ps"), n, redis, poisoned=range(50, n, 100)),
+            "a''": lambda: plane_rate(*fresh("ps"), n, redis, poisoned=spread),
+            "a''h": lambda: plane_rate(*fresh("ph"), n, redis, poisoned=spread, history=True),
             "a0": lambda: plane_rate(*fresh("a0"), n, redis, app="bench.audit_off"),
         }
         for name, fn in runs.items():
+            if name not in modes and name not in BASES:
+                continue
             try:
                 best[name] = max(best.get(name, 0.0), fn())
             finally:
                 backend.clean()
-    u, b, b2, a, at, a2, a3, a0 = (best[k] for k in ("u", "b", "b'", "a", "a_t", "a'", "a''", "a0"))
+    u, b, a, at = (best[k] for k in BASES)
+    lines = {
+        "b'": lambda r: (
+            f"(b') monolithic through the store's functions      {r:9.0f} rows/s   (b')/(b) = {r / b:.2f}"
+        ),
+        "a'": lambda r: (
+            f"(a') plane, 1% poisoned rows, together (healthy)   {r:9.0f} rows/s   tax = {tax(r):.1%}"
+        ),
+        "a''": lambda r: (
+            f"(a'') plane, 1% poisoned, one row in 100 (healthy) {r:9.0f} rows/s   tax = {tax(r):.1%}"
+        ),
+        "a''h": lambda r: (
+            f"(a''h) the same, the poisoned with a failure history {r:7.0f} rows/s   tax = {tax(r):.1%}"
+        ),
+        "a0": lambda r: (
+            f"(a0) plane without the audit trail                 {r:9.0f} rows/s"
+            f"   audit cost = {max(0.0, 1 - a / r):.1%}"
+        ),
+    }
+
+    def tax(rate: float) -> float:  # what poison costs the healthy rows, against the trigger's own run
+        return max(0.0, 1 - rate / at)
+
     print(f"\nstorm of {n} expired leases, {backend.title}, 2 worker processes, best of {rounds} rounds")
     print(f"(u)  one set UPDATE over the due rows, no isolation {u:9.0f} rows/s")
     print(f"(b)  monolithic on the DB-API, no isolation        {b:9.0f} rows/s   (b)/(u) = {b / u:.2f}")
-    print(f"(b') monolithic through the store's functions      {b2:9.0f} rows/s   (b')/(b) = {b2 / b:.2f}")
+    if "b'" in best:
+        print(lines["b'"](best["b'"]))
     print(
         f"(a)  plane: per-row lock and outcome, set batches  {a:9.0f} rows/s"
         f"   (a)/(u) = {a / u:.2f}   (a)/(b) = {a / b:.2f}"
     )
-    trig = max(0.0, 1 - at / a)
-    print(f"(at) plane, the poison's trigger on, none poisoned {at:9.0f} rows/s   trigger = {trig:.1%}")
-    tax = max(0.0, 1 - a2 / at)
-    print(f"(a') plane, 1% poisoned rows, together (healthy)   {a2:9.0f} rows/s   tax = {tax:.1%}")
-    tax = max(0.0, 1 - a3 / at)
-    print(f"(a'') plane, 1% poisoned, one row in 100 (healthy) {a3:9.0f} rows/s   tax = {tax:.1%}")
-    audit = max(0.0, 1 - a / a0)
-    print(f"(a0) plane without the audit trail                 {a0:9.0f} rows/s   audit cost = {audit:.1%}")
+    trigger = max(0.0, 1 - at / a)
+    print(f"(at) plane, the poison's trigger on, none poisoned {at:9.0f} rows/s   trigger = {trigger:.1%}")
+    for name in ("a'", "a''", "a''h", "a0"):
+        if name in best:
+            print(lines[name](best[name]))
     if naive_rows:
         try:
             c = run_naive(*fresh("c"), naive_rows, redis)
@@ -478,6 +642,16 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="skip the naive, default-settings and worker-count runs"
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="only the CPU per row of each process of (a), at each --rows"
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(MODES),
+        help=f"lines to run ({', '.join(BASES)} always)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -490,9 +664,16 @@ def main() -> None:
                     print("\nPostgreSQL: not reachable, skipped")
                     continue
                 for i, n in enumerate(args.rows):
+                    if args.profile:
+                        try:
+                            profile(*backend.fresh("prof"), n, redis)
+                            floors(backend.fresh("floor")[1], n, redis)
+                        finally:
+                            backend.clean()
+                        continue
                     naive = None if i or args.quick or name != "sqlite" else args.naive_rows
-                    compare(n, args.rounds, naive, redis, backend)
-            if not args.quick:
+                    compare(n, args.rounds, naive, redis, backend, args.modes)
+            if not (args.quick or args.profile):
                 defaults(args.big, redis, sqlite.fresh)
                 postgres(args.rows[0], redis, sqlite.fresh)
         finally:

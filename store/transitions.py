@@ -163,8 +163,7 @@ def expire_many(
         sql = _EXPIRE_SQL.format(p=p, among=among, state=state, also=", attempt, fence" if logged else "")
         if logged:
             sql = _EXPIRE_LOGGED_SQL.format(update=sql, insert=audit.expired_from("moved", p))
-        with db.savepoint(conn):
-            return db.raw(conn, sql, (*before, *ids, *after))
+        return db.raw_alone(conn, sql, (*before, *ids, *after))
 
     parts, refused = isolate(row_ids, attempt, goes_up=_not_a_refusal)
     got = [row for part in parts for row in part]

@@ -323,22 +323,26 @@ def process(self: Task, pass_name: str, keys: list[Any]) -> None:
     p = registry.get(pass_name)
     policy = RetryPolicy.from_settings(plane.settings)
     now = time.time()
+    again: list[Any] = []
+
+    def settle(result: runner.BatchResult) -> list[Any]:
+        """The keys that are done with (their markers go with their locks); ``again`` the others."""
+        finished = [key for key, _ in result.done]
+        for key, err in result.transient:
+            if self.request.retries < plane.settings.transient_retries:
+                failures.reporter.once(pass_name, p.key_name(key), f"busy, retried: {failures.describe(err)}")
+                again.append(key)
+            else:
+                failures.give_up(plane, p, key, err, now)
+                finished.append(key)
+        return finished
+
     try:
-        result = runner.run_batch(plane, pass_name, keys, now, abort=(SoftTimeLimitExceeded,))
+        runner.run_batch(plane, pass_name, keys, now, abort=(SoftTimeLimitExceeded,), settle=settle)
     except SoftTimeLimitExceeded:
         log.warning("%s: soft time limit hit; the unfinished keys are rescanned", pass_name)
         _clear(plane, p.name, [p.key_name(k) for k in keys])
         return
-    finished = [key for key, _ in result.done]
-    again = []
-    for key, err in result.transient:
-        if self.request.retries < plane.settings.transient_retries:
-            failures.reporter.once(pass_name, p.key_name(key), f"busy, retried: {failures.describe(err)}")
-            again.append(key)
-        else:
-            failures.give_up(plane, p, key, err, now)
-            finished.append(key)
-    _clear(plane, p.name, [p.key_name(k) for k in finished])
     if len(keys) == 1 and again:  # keep the marker: this message stays pending
         raise self.retry(countdown=policy.backoff(self.request.retries + 1))
     for key in again:  # a failing key is split out and retried alone

@@ -107,8 +107,9 @@ class Pass:
 # A scanner pages on while it finds full pages, up to this many pages a tick: a storm
 # drains as fast as the workers go, while one tick's work stays bounded.
 MAX_PAGES = 100
-# Rows with a failure streak are submitted apart, this many a message: a clean batch then
-# never pays the search for a row that failed before, and a batch of suspects is tried
+# Rows with a failure streak are submitted apart, this many a message, after every clean
+# batch of the tick: a clean batch then never pays the search for a row that failed
+# before, nor waits in the queue behind a batch of suspects; a batch of suspects is tried
 # row by row once it fails (``core.isolate``).
 SUSPECTS_PER_BATCH = 16
 
@@ -122,23 +123,25 @@ def due_rows(pass_name: str, due: DueQuery) -> Finder:
     rows that workers finish meanwhile shift nothing and no due row is skipped
     until the next tick. Rows already pending are skipped (their markers are set),
     so no key is enqueued twice; paging is bounded by ``MAX_PAGES``. Rows with a
-    failure streak go in messages of their own (``SUSPECTS_PER_BATCH``).
+    failure streak go in messages of their own (``SUSPECTS_PER_BATCH``), after the
+    tick's clean pages.
     """
 
     def find(plane: Plane, now: float, submit: Submit) -> int:
         limit = plane.settings.scan_limit
         enqueued = 0
         after = None
+        suspects: list[int] = []
         for _ in range(MAX_PAGES):
             with plane.store.session(readonly=True) as s:
                 rows = due(s, now=now, limit=limit, after=after)
             enqueued += len(submit(pass_name, [row.id for row in rows if not row.failures]))
-            suspects = [row.id for row in rows if row.failures]
-            for start in range(0, len(suspects), SUSPECTS_PER_BATCH):
-                enqueued += len(submit(pass_name, suspects[start : start + SUSPECTS_PER_BATCH]))
+            suspects += [row.id for row in rows if row.failures]
             if len(rows) < limit:
                 break
             after = rows[-1]
+        for start in range(0, len(suspects), SUSPECTS_PER_BATCH):  # behind every clean batch
+            enqueued += len(submit(pass_name, suspects[start : start + SUSPECTS_PER_BATCH]))
         return enqueued
 
     return find

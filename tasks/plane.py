@@ -172,6 +172,30 @@ local n = 0
 for _, name in ipairs(cjson.decode(ARGV[2])) do n = n + redis.call('del', ARGV[1] .. name) end
 return n
 """
+# A batch's end, in one round trip: its locks let go where its token (ARGV[1]) still holds
+# them, and its finished keys' pending markers deleted. A few calls for the whole batch (MGET,
+# DEL of many keys), not one to three per key: per call, Redis's Lua costs more than the
+# command itself. Locks: prefix ARGV[2], names ARGV[3]; markers: prefix ARGV[4], names ARGV[5].
+_FINISH = """
+local function keys(prefix, names)
+  local out = {}
+  for i, name in ipairs(cjson.decode(names)) do out[i] = prefix .. name end
+  return out
+end
+local function each_chunk(list, fn)
+  for first = 1, #list, 1000 do fn(unpack(list, first, math.min(first + 999, #list))) end
+end
+local locks, mine = keys(ARGV[2], ARGV[3]), {}
+each_chunk(locks, function(...)
+  local names = {...}
+  for i, value in ipairs(redis.call('mget', ...)) do
+    if value == ARGV[1] then mine[#mine + 1] = names[i] end
+  end
+end)
+each_chunk(mine, function(...) redis.call('del', ...) end)
+each_chunk(keys(ARGV[4], ARGV[5]), function(...) redis.call('del', ...) end)
+return #mine
+"""
 # The keeper's renewal: [[name, token], ...]; each key whose token still holds lives another
 # hold; the indexes of those lost (gone, or taken over by another holder) come back.
 _RENEW = """
@@ -260,6 +284,10 @@ class Coordination(Protocol):
         ...
 
     def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None: ...
+
+    def finish(self, held: dict[str, str], pass_name: str, done: Iterable[str]) -> None:
+        """``unlock_many(held)`` and ``clear_pending(pass_name, done)`` at once: a batch's end."""
+        ...
 
     def reserve(self, ordinals: Iterable[int]) -> list[int]:
         """Those of ``ordinals`` this process now holds for claims it is about to hand over."""
@@ -449,6 +477,7 @@ class RedisCoordination:
             "stamp": f"{self.prefix}:queue-dry-since",
         }
         self.adrift = json.dumps(adrift, separators=(",", ":"))  # _ADRIFT's argument
+        self._finish = client.register_script(_FINISH)
         self.keeper = Keeper(client, f"{self.prefix}:", hold_seconds(settings))
         self.where = f"redis at {mask_url(settings.redis_url)}"
 
@@ -498,6 +527,20 @@ class RedisCoordination:
             self.keeper.discard(f"pending:{pass_name}:{n}" for n in names)
             with _redis_errors():
                 self._forget(args=[f"{self.prefix}:pending:{pass_name}:", _batch(names)])
+
+    def finish(self, held: dict[str, str], pass_name: str, done: Iterable[str]) -> None:
+        names = list(done)
+        self.keeper.discard(f"lock:{key}" for key in held)
+        self.keeper.discard(f"pending:{pass_name}:{n}" for n in names)
+        by_token: dict[str, list[str]] = {}
+        for key, token in held.items():
+            by_token.setdefault(token, []).append(key)
+        batches = list(by_token.items()) or [("", [])]  # one call even with no lock held
+        with _redis_errors():
+            for i, (token, locks) in enumerate(batches):
+                markers = _batch(names) if i == 0 else "[]"
+                pending = f"{self.prefix}:pending:{pass_name}:"
+                self._finish(args=[token, f"{self.prefix}:lock:", _batch(locks), pending, markers])
 
     def reserve(self, ordinals: Iterable[int]) -> list[int]:
         wanted = list(ordinals)
@@ -575,6 +618,10 @@ class LocalCoordination:
     def clear_pending(self, pass_name: str, keys: Iterable[str]) -> None:
         with self._mu:
             self._pending.difference_update((pass_name, k) for k in keys)
+
+    def finish(self, held: dict[str, str], pass_name: str, done: Iterable[str]) -> None:
+        self.unlock_many(held)
+        self.clear_pending(pass_name, done)
 
     def reserve(self, ordinals: Iterable[int]) -> list[int]:
         with self._mu:

@@ -87,8 +87,23 @@ def run_key(plane: Plane, pass_name: str, key: Key, now: float) -> Outcome:
     return result.done[0][1]
 
 
-def run_batch(plane: Plane, pass_name: str, keys: list[Key], now: float, abort: Abort = ()) -> BatchResult:
-    """Every key on its own lock and with its own failure: one never stops its neighbours."""
+# Given a batch's result, before its locks go: the keys whose pending markers go with them.
+Settle = Callable[["BatchResult"], list[Key]]
+
+
+def run_batch(
+    plane: Plane,
+    pass_name: str,
+    keys: list[Key],
+    now: float,
+    abort: Abort = (),
+    settle: Settle | None = None,
+) -> BatchResult:
+    """Every key on its own lock and with its own failure: one never stops its neighbours.
+
+    With ``settle`` (the Celery task's), the markers of the keys it returns are cleared in
+    the same round trip that lets the locks go (``Coordination.finish``).
+    """
     p = registry.get(pass_name)
     result = BatchResult(p)
     lock_names = [p.lock_name(k) for k in keys]
@@ -98,6 +113,7 @@ def run_batch(plane: Plane, pass_name: str, keys: list[Key], now: float, abort: 
         result.transient = [(k, err) for k in keys]
         return result
     mine, busy = [], []
+    cleared: list[str] = []
     for key, token in zip(keys, tokens, strict=True):
         if token is None:
             metrics.LOCK_BUSY.labels(p.name).inc()
@@ -113,9 +129,14 @@ def run_batch(plane: Plane, pass_name: str, keys: list[Key], now: float, abort: 
         else:
             for key in mine:
                 _run_alone(plane, p, key, now, result, abort)
+        if settle is not None:
+            cleared = [p.key_name(k) for k in settle(result)]
     finally:
-        with suppress(TransientError):  # the locks expire by themselves
-            plane.coord.unlock_many({n: t for n, t in zip(lock_names, tokens, strict=True) if t})
+        try:
+            plane.coord.finish({n: t for n, t in zip(lock_names, tokens, strict=True) if t}, p.name, cleared)
+        except TransientError as err:  # the locks and markers expire by themselves
+            if cleared:
+                log.warning("%s: pending markers left to expire: %s", p.name, err)
         result.report()
     return result
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from sqlalchemy import update
@@ -53,6 +53,17 @@ def test_the_expire_scanner_finds_every_due_row_while_workers_finish_earlier_pag
     assert submitted == rows  # oldest lease first, none skipped, none twice
 
 
+def recorder() -> tuple[list[list[int]], Callable[[str, Sequence[int]], list[int]]]:
+    """A submit that enqueues everything: the messages it was given, in order."""
+    messages: list[list[int]] = []
+
+    def record(pass_name: str, keys: Sequence[int]) -> list[int]:
+        messages.append(list(keys))
+        return list(keys)
+
+    return messages, record
+
+
 def test_the_expire_scanner_batches_rows_with_a_failure_streak_apart(
     plane: Plane, make_row: RowFactory
 ) -> None:
@@ -60,12 +71,21 @@ def test_the_expire_scanner_batches_rows_with_a_failure_streak_apart(
     suspects = rows[3::2][: SUSPECTS_PER_BATCH + 2]  # more than one message of them
     with plane.store.session() as s:
         s.execute(update(Assignment).where(Assignment.id.in_(suspects)).values(failures=1))
-    messages: list[list[int]] = []
-
-    def record(pass_name: str, keys: Sequence[int]) -> list[int]:
-        messages.append(list(keys))
-        return list(keys)
-
+    messages, record = recorder()
     assert registry.get("expire").find(plane, NOW, record) == len(rows)
     clean = [r for r in rows if r not in suspects]
     assert messages == [clean, suspects[:SUSPECTS_PER_BATCH], suspects[SUSPECTS_PER_BATCH:]]
+
+
+def test_the_expire_scanner_queues_suspects_behind_every_clean_page(
+    plane: Plane, make_row: RowFactory
+) -> None:
+    rows = [make_row(RowState.RUNNING, ordinal=i, lease_until=NOW - 100 + i) for i in range(12)]
+    suspects = [rows[1], rows[6]]  # one on the first page, one on the second
+    with plane.store.session() as s:
+        s.execute(update(Assignment).where(Assignment.id.in_(suspects)).values(failures=1))
+    paged = replace(plane, settings=replace(plane.settings, scan_limit=5))
+    messages, record = recorder()
+    assert registry.get("expire").find(paged, NOW, record) == len(rows)
+    clean = [r for r in rows if r not in suspects]
+    assert messages == [clean[:4], clean[4:8], clean[8:], suspects]  # pages of 5, the suspects last

@@ -241,14 +241,15 @@ def test_the_time_limit_during_a_batch_statement_ends_the_batch_and_is_no_rows_f
     """Only the database refusing a row is that row's failure: the worker's time limit going
     off mid-statement is no row's fault, and goes up to end the message."""
     rows = [make_row(RowState.RUNNING, ordinal=i, task_id=f"ok{i}", lease_until=1.0) for i in range(size)]
-    real = db.raw
+    for name in ("raw", "raw_alone"):  # a statement alone, or under its own savepoint
+        real = getattr(db, name)
 
-    def raw(conn: Any, sql: str, params: Any) -> list[Any]:
-        if "UPDATE assignments" in sql:  # on PostgreSQL, inside the statement that logs it
-            raise SoftTimeLimitExceeded()
-        return real(conn, sql, params)
+        def raw(conn: Any, sql: str, params: Any, real: Any = real) -> list[Any]:
+            if "UPDATE assignments" in sql:  # on PostgreSQL, inside the statement that logs it
+                raise SoftTimeLimitExceeded()
+            return real(conn, sql, params)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(db, "raw", raw)
+        monkeypatch.setattr(db, name, raw)
     with pytest.raises(SoftTimeLimitExceeded):
         runner.run_batch(plane, "expire", rows, NOW, abort=(SoftTimeLimitExceeded,))
     monkeypatch.undo()
