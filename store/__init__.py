@@ -153,27 +153,43 @@ class PoolStore:
 
         Each is applied as ``heartbeat`` applies it alone, and its answer is its outcome
         or the error it raised (a stale fence, an ended lease, a conflict). The common
-        case (``worker.new_heartbeat``) writes nothing unless it applies; any other goes
-        the long way under its own savepoint, so a refused one is rolled back alone and
-        never fails its neighbours. Nothing is answered before the commit: if the
-        transaction fails as a whole (the commit, the store away, a database error,
-        a savepoint the database could not undo), this raises and none was written.
+        case, the whole batch's in one statement (``worker.new_heartbeats``), writes nothing
+        for a heartbeat it does not apply; any other goes the long way under its own
+        savepoint, so a refused one is rolled back alone and never fails its neighbours.
+        Nothing is answered before the commit: if the transaction fails as a whole (the
+        commit, the store away, a database error, a savepoint the database could not undo),
+        this raises and none was written.
         """
         now = _now(now)
+        lease = self.lease_seconds
+        # One statement for the batch's common case: the first heartbeat of each run and id
+        # (``worker.new_heartbeats``); a later one of the same run takes its turn below.
+        first: list[int] = []
+        runs, ids = set(), set()
+        for n, env in enumerate(envelopes):
+            run = (env.board, env.task_id, env.run_id)
+            if run not in runs and env.delivery_id not in ids:
+                first.append(n)
+            runs.add(run)
+            ids.add(env.delivery_id)
         answers: list[Literal["applied", "duplicate"] | Exception] = []
         noted = []
         with self.connection() as conn:
-            for env in envelopes:
-                if worker.new_heartbeat(conn, env, lease_seconds=self.lease_seconds, now=now):
+            fast: list[bool | None] = [None] * len(envelopes)
+            batch = [envelopes[n] for n in first]
+            for n, one in zip(
+                first, worker.new_heartbeats(conn, batch, lease_seconds=lease, now=now), strict=True
+            ):
+                fast[n] = one
+            for env, done in zip(envelopes, fast, strict=True):
+                if done or (done is None and worker.new_heartbeat(conn, env, lease_seconds=lease, now=now)):
                     answers.append("applied")
                     if self._note_run(conn, env, Call.HEARTBEAT, now):
                         noted.append(env.worker_ordinal)
                     continue
                 try:
                     with db.transient_errors("pool store", self.engine.url), db.savepoint(conn):
-                        answers.append(
-                            worker.checked_heartbeat(conn, env, lease_seconds=self.lease_seconds, now=now)
-                        )
+                        answers.append(worker.checked_heartbeat(conn, env, lease_seconds=lease, now=now))
                         if self._note_run(conn, env, Call.HEARTBEAT, now):
                             noted.append(env.worker_ordinal)
                 except Exception as err:
