@@ -135,3 +135,18 @@ def _blocked_on_a_lock(store: PoolStore) -> bool:
             )
         ).scalar()
     return bool(found)
+
+
+@pytest.mark.parametrize("backend_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+def test_a_batch_on_a_kept_connection_the_database_dropped_is_applied_on_a_new_one(store: PoolStore) -> None:
+    """The batch writer keeps its connection between batches (no ping each time): one the
+    database dropped meanwhile costs a retry on a new connection, not the batch's answers."""
+    held = given_running(store, 0, "t0")
+    assert store.heartbeats([checked(store, envelope(held, "k1"))], now=NOW + 1) == ["applied"]
+    kept = store._kept.conn.connection.driver_connection.info.backend_pid
+    with store.engine.connect() as admin:
+        assert admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": kept}).scalar()
+
+    assert store.heartbeats([checked(store, envelope(held, "k2"))], now=NOW + 2) == ["applied"]
+    assert store._kept.conn.connection.driver_connection.info.backend_pid != kept
+    assert deliveries(store) == {"k1": held.row_id, "k2": held.row_id}
