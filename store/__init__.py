@@ -10,6 +10,7 @@ needs are passed in (``PoolStore.from_settings`` unpacks them at the edge).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -116,6 +117,8 @@ class PoolStore:
         self._require_set_up()
         kept: Connection | None = getattr(self._kept, "conn", None)
         self._kept.dropped = False
+        if kept is not None and self._kept.pid != os.getpid():
+            kept = self._kept.conn = None  # the parent's, copied by a fork: never used, never closed here
         if kept is not None and (kept.invalidated or time.monotonic() - self._kept.at > KEPT_SECONDS):
             self._kept.conn = None
             kept.close()
@@ -124,6 +127,7 @@ class PoolStore:
         if kept is None:
             with db.transient_errors("pool store", self.engine.url):
                 kept = self._kept.conn = self.engine.connect()
+            self._kept.pid = os.getpid()
         try:
             with db.transient_errors("pool store", self.engine.url), kept.begin():
                 yield kept

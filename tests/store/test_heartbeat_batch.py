@@ -8,6 +8,7 @@ waited) wrote nothing and goes the long way, so its answer is its own
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import replace
@@ -150,3 +151,20 @@ def test_a_batch_on_a_kept_connection_the_database_dropped_is_applied_on_a_new_o
     assert store.heartbeats([checked(store, envelope(held, "k2"))], now=NOW + 2) == ["applied"]
     assert store._kept.conn.connection.driver_connection.info.backend_pid != kept
     assert deliveries(store) == {"k1": held.row_id, "k2": held.row_id}
+
+
+def test_a_forked_child_never_writes_on_the_connection_its_parent_kept(store: PoolStore) -> None:
+    held = given_running(store, 0, "t0")
+    assert store.heartbeats([checked(store, envelope(held, "p1"))], now=NOW + 1) == ["applied"]
+    parents = store._kept.conn
+
+    child = os.fork()
+    if child == 0:  # the child: its own connection, and the parent's left as it was
+        ok = store.heartbeats([checked(store, envelope(held, "c1"))], now=NOW + 2) == ["applied"]
+        os._exit(0 if ok and store._kept.conn is not parents else 1)
+    _, status = os.waitpid(child, 0)
+
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.heartbeats([checked(store, envelope(held, "p2"))], now=NOW + 3) == ["applied"]
+    assert store._kept.conn is parents
+    assert deliveries(store) == {"p1": held.row_id, "c1": held.row_id, "p2": held.row_id}
