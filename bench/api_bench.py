@@ -7,7 +7,8 @@ over and over (a new delivery id each time, so each call is one write), for
 the server's. HTTP: against a real ``poolctl serve`` subprocess (one uvicorn
 process), with the ordinal's token. Prints calls/s, p50 and p99 latency and the
 HTTP/direct ratio, on SQLite and, when a server answers, PostgreSQL. Compare
-ratios, not absolute figures (the machine is shared).
+ratios, not absolute figures (the machine is shared). ``--serves N`` runs N
+``poolctl serve`` processes on their own ports, client ``i`` on the ``i mod N``-th.
 
 The HTTP load (``--load``): ``raw`` (the default) sends each heartbeat as
 prebuilt HTTP/1.1 bytes on a kept-alive socket per client and checks the answer
@@ -17,8 +18,8 @@ CPU per call (over a millisecond here, measured from ``/proc``) made the bench's
 interpreter the bottleneck on two cores: that figure measures httpx as much as
 the server.
 
-    python bench/api_bench.py [--seconds 3] [--clients 1,8,64] [--load raw|client]
-                              [--postgres URL | --no-postgres]
+    python bench/api_bench.py [--seconds 3] [--clients 1,8,64] [--load raw|client] [--serves 1]
+                              [--postgres URL | --no-postgres] [--no-sqlite]
 """
 
 from __future__ import annotations
@@ -176,18 +177,24 @@ def grants(store: PoolStore) -> list[Offer]:
 
 
 def bench_backend(
-    name: str, url: str, workdir: Path, clients: list[int], seconds: float, load: str
+    name: str, url: str, workdir: Path, clients: list[int], seconds: float, load: str, serves: int = 1
 ) -> list[tuple[Any, ...]]:
     settings = Settings(database_url=url, board_url=url, pool_size=ORDINALS, lease_seconds=LEASE)
     store = server_store(settings)  # the same engine options as the server's
     store.migrate()
     offers = grants(store)
     secret = secrets.token_hex(32)
-    server = ServeProc(settings.env(), workdir, secret=secret, name=f"serve-{name}")
+    servers = [
+        ServeProc(settings.env(), workdir, secret=secret, name=f"serve-{name}-{k}") for k in range(serves)
+    ]
     rows = []
     try:
-        server.wait_ready()
-        http = [http_heartbeats(load, server.url, tokens.ordinal_token(secret, o.ordinal), o) for o in offers]
+        for server in servers:
+            server.wait_ready()
+        http = [  # client i on server i mod --serves
+            http_heartbeats(load, servers[i % serves].url, tokens.ordinal_token(secret, o.ordinal), o)
+            for i, o in enumerate(offers)
+        ]
         hammer(8, 1.0, lambda i: http[i]())  # warm up: connections, thread pool, caches
         hammer(8, 1.0, lambda i: store.heartbeat(envelope(offers[i])))
         for n in clients:
@@ -201,7 +208,8 @@ def bench_backend(
         for c in http:
             c.close()  # type: ignore[attr-defined]
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
         store.engine.dispose()
     return rows
 
@@ -243,17 +251,21 @@ def main() -> None:
     parser.add_argument("--load", choices=("raw", "client"), default="raw", help="HTTP load generator")
     parser.add_argument("--postgres", default=PG_URL)
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--no-sqlite", action="store_true")
+    parser.add_argument("--serves", type=int, default=1, help="serve processes, clients spread over them")
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     assert all(1 <= c <= ORDINALS for c in clients), f"clients: 1..{ORDINALS}"
     rows = []
     with tempfile.TemporaryDirectory(prefix="poolkeeper-api-bench-") as tmp:
         work = Path(tmp)
-        rows += bench_backend("sqlite", f"sqlite:///{work}/pool.db", work, clients, args.seconds, args.load)
+        run = (clients, args.seconds, args.load, args.serves)
+        if not args.no_sqlite:
+            rows += bench_backend("sqlite", f"sqlite:///{work}/pool.db", work, *run)
         if not args.no_postgres:
             with postgres_database(args.postgres) as pg:
                 if pg is not None:
-                    rows += bench_backend("postgres", pg, work, clients, args.seconds, args.load)
+                    rows += bench_backend("postgres", pg, work, *run)
     print()
     head = (
         "backend",

@@ -10,6 +10,8 @@ needs are passed in (``PoolStore.from_settings`` unpacks them at the edge).
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -19,7 +21,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from core import db, validate
-from core.errors import CorruptRow, InvalidInput, PoolError
+from core.errors import CorruptRow, InvalidInput, PoolError, TransientError
 from core.retry import RetryPolicy
 from core.settings import Settings, default
 from store import audit, lineage, presence, transitions, worker
@@ -29,6 +31,7 @@ from store.models import Call, metadata
 from store.worker import PROTOCOL_VERSION, Offer
 
 __all__ = ["PROTOCOL_VERSION", "Child", "Envelope", "Offer", "PoolStore"]
+KEPT_SECONDS = 1.0  # a batch writer's connection, idle this long, goes back to the pool (``heartbeats``)
 
 
 class PoolStore:
@@ -56,6 +59,7 @@ class PoolStore:
         # which ordinals' presence this handle wrote lately; fresh within a quarter lease, as
         # dispatch fills only ordinals seen within one
         self._presence = presence.Gate(min(presence.EVERY_SECONDS, lease_seconds / 4))
+        self._kept = threading.local()  # ``_kept_connection``: each batch writer's connection
 
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine | None = None) -> PoolStore:
@@ -100,6 +104,36 @@ class PoolStore:
         self._require_set_up()
         with db.transient_errors("pool store", self.engine.url), self.engine.begin() as conn:
             yield conn
+
+    @contextmanager
+    def _kept_connection(self) -> Iterator[Connection]:
+        """``connection`` for a thread that writes batch after batch (``heartbeats``): the same
+        connection while the thread keeps it busy, so a batch does not pay the pool's checkout and
+        its ping (a round trip on PostgreSQL, a tenth of the server's CPU per heartbeat). One
+        idle for ``KEPT_SECONDS``, or that the database dropped (invalidated), goes back to the
+        pool and the next batch checks one out, pinged, as ``connection`` does. ``dropped``
+        says the database had dropped the kept one, unknown to the pool: ``heartbeats``
+        tries once more on a new one, as the ping would have found it."""
+        self._require_set_up()
+        kept: Connection | None = getattr(self._kept, "conn", None)
+        self._kept.dropped = False
+        if kept is not None and self._kept.pid != os.getpid():
+            kept = self._kept.conn = None  # the parent's, copied by a fork: never used, never closed here
+        if kept is not None and (kept.invalidated or time.monotonic() - self._kept.at > KEPT_SECONDS):
+            self._kept.conn = None
+            kept.close()
+            kept = None
+        reused = kept is not None
+        if kept is None:
+            with db.transient_errors("pool store", self.engine.url):
+                kept = self._kept.conn = self.engine.connect()
+            self._kept.pid = os.getpid()
+        try:
+            with db.transient_errors("pool store", self.engine.url), kept.begin():
+                yield kept
+        finally:
+            self._kept.at = time.monotonic()
+            self._kept.dropped = reused and kept.invalidated
 
     def offer(self, ordinal: int, *, owner: str, now: float | None = None) -> Offer | None:
         """Grant the ordinal's run to the worker instance ``owner`` (see ``store.worker.offer``).
@@ -153,36 +187,65 @@ class PoolStore:
 
         Each is applied as ``heartbeat`` applies it alone, and its answer is its outcome
         or the error it raised (a stale fence, an ended lease, a conflict). The common
-        case (``worker.new_heartbeat``) writes nothing unless it applies; any other goes
-        the long way under its own savepoint, so a refused one is rolled back alone and
-        never fails its neighbours. Nothing is answered before the commit: if the
-        transaction fails as a whole (the commit, the store away, a database error,
-        a savepoint the database could not undo), this raises and none was written.
+        case, the whole batch's in one statement (``worker.new_heartbeats``), writes nothing
+        for a heartbeat it does not apply; any other goes the long way under its own
+        savepoint, so a refused one is rolled back alone and never fails its neighbours.
+        Nothing is answered before the commit: if the transaction fails as a whole (the
+        commit, the store away, a database error, a savepoint the database could not undo),
+        this raises and none was written.
         """
         now = _now(now)
-        answers: list[Literal["applied", "duplicate"] | Exception] = []
-        noted = []
-        with self.connection() as conn:
-            for env in envelopes:
-                if worker.new_heartbeat(conn, env, lease_seconds=self.lease_seconds, now=now):
-                    answers.append("applied")
-                    if self._note_run(conn, env, Call.HEARTBEAT, now):
-                        noted.append(env.worker_ordinal)
-                    continue
-                try:
-                    with db.transient_errors("pool store", self.engine.url), db.savepoint(conn):
-                        answers.append(
-                            worker.checked_heartbeat(conn, env, lease_seconds=self.lease_seconds, now=now)
-                        )
-                        if self._note_run(conn, env, Call.HEARTBEAT, now):
-                            noted.append(env.worker_ordinal)
-                except Exception as err:
-                    if not db.intact(conn):
-                        raise
-                    answers.append(err)
+        # One statement for the batch's common case: the first heartbeat of each run and id
+        # (``worker.new_heartbeats``); a later one of the same run takes its turn below.
+        first: list[int] = []
+        runs, ids = set(), set()
+        for n, env in enumerate(envelopes):
+            run = (env.board, env.task_id, env.run_id)
+            if run not in runs and env.delivery_id not in ids:
+                first.append(n)
+            runs.add(run)
+            ids.add(env.delivery_id)
+        try:
+            with self._kept_connection() as conn:
+                answers, noted = self._heartbeats(conn, envelopes, first, now)
+        except TransientError:
+            if not self._kept.dropped:
+                raise
+            with self._kept_connection() as conn:  # the database dropped the one kept: a new one, pinged
+                answers, noted = self._heartbeats(conn, envelopes, first, now)
         for ordinal in noted:
             self._presence.written(ordinal, None, now)
         return answers
+
+    def _heartbeats(
+        self, conn: Connection, envelopes: Sequence[Envelope], first: list[int], now: float
+    ) -> tuple[list[Literal["applied", "duplicate"] | Exception], list[int]]:
+        """``heartbeats`` in ``conn``'s transaction: each envelope's answer, and the ordinals noted."""
+        lease = self.lease_seconds
+        answers: list[Literal["applied", "duplicate"] | Exception] = []
+        noted = []
+        fast: list[bool | None] = [None] * len(envelopes)
+        batch = [envelopes[n] for n in first]
+        for n, one in zip(
+            first, worker.new_heartbeats(conn, batch, lease_seconds=lease, now=now), strict=True
+        ):
+            fast[n] = one
+        for env, done in zip(envelopes, fast, strict=True):
+            if done or (done is None and worker.new_heartbeat(conn, env, lease_seconds=lease, now=now)):
+                answers.append("applied")
+                if self._note_run(conn, env, Call.HEARTBEAT, now):
+                    noted.append(env.worker_ordinal)
+                continue
+            try:
+                with db.transient_errors("pool store", self.engine.url), db.savepoint(conn):
+                    answers.append(worker.checked_heartbeat(conn, env, lease_seconds=lease, now=now))
+                    if self._note_run(conn, env, Call.HEARTBEAT, now):
+                        noted.append(env.worker_ordinal)
+            except Exception as err:
+                if not db.intact(conn):
+                    raise
+                answers.append(err)
+        return answers, noted
 
     def accept_result(
         self, envelope: Envelope | Mapping[str, Any], *, now: float | None = None

@@ -10,7 +10,9 @@ conflict.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, NoReturn, cast
 
@@ -347,6 +349,99 @@ def new_heartbeat(conn: Connection, env: Envelope, *, lease_seconds: float, now:
         return True
     _FORGET.run(conn, holder)  # the row moved between the two (PostgreSQL): the long way says how
     return False
+
+
+def new_heartbeats(
+    conn: Connection, envs: Sequence[Envelope], *, lease_seconds: float, now: float
+) -> list[bool]:
+    """``new_heartbeat`` over a batch in one statement: which of ``envs`` it applied.
+
+    Each heartbeat is applied exactly as ``new_heartbeat`` applies it: its delivery recorded
+    and its lease extended only under the whole ``_HOLDER`` guard and only if its id is new;
+    a False one wrote nothing and goes the long way (``checked_heartbeat``). The batch must
+    name each delivery id and each run at most once (``PoolStore.heartbeats`` keeps the rest
+    back): one statement cannot apply two heartbeats of one row in order, nor record one id twice.
+    One round trip on PostgreSQL (``unnest`` of the batch's columns, the insert and the update
+    in one statement), two on SQLite; either way on the driver's cursor, compiled by nobody.
+    """
+    if not envs:
+        return []
+    columns = [
+        [e.delivery_id for e in envs],
+        [e.digest() for e in envs],
+        [e.board for e in envs],
+        [e.task_id for e in envs],
+        [e.run_id for e in envs],
+        [e.worker_ordinal for e in envs],
+        [e.attempt for e in envs],
+        [e.fence for e in envs],
+        [e.payload_digest for e in envs],
+    ]
+    lease = now + lease_seconds
+    applied: set[str] = set()
+    moved: list[str] = []  # recorded, but the row moved before its update (PostgreSQL)
+    if conn.dialect.name == "postgresql":
+        with db.driver_cursor(conn, _PG_HEARTBEATS) as cursor:  # prepared: the plan is the cost
+            found = cursor.execute(_PG_HEARTBEATS, [*columns, now, now, lease, now, now]).fetchall()
+        applied = {delivery_id for delivery_id, extended in found if extended}
+        moved = [delivery_id for delivery_id, extended in found if not extended]
+    else:
+        rows = [value for row in zip(*columns, strict=True) for value in row]
+        recorded = db.raw(conn, _sqlite_heartbeats(len(envs), _SQLITE_RECORD), [*rows, now, now])
+        if recorded:
+            of_row = {row_id: delivery_id for delivery_id, row_id in recorded}  # one per run
+            sql = _sqlite_heartbeats(len(envs), _SQLITE_EXTEND.format(among=",".join("?" * len(of_row))))
+            applied = {of_row[r[0]] for r in db.raw(conn, sql, [*rows, lease, now, now, *of_row])}
+            moved = [r[0] for r in recorded if r[0] not in applied]
+    if moved:  # the long way says how
+        among = "= ANY(%s)" if conn.dialect.name == "postgresql" else f"IN ({','.join('?' * len(moved))})"
+        db.raw(conn, f"DELETE FROM {_D.name} WHERE delivery_id {among}", [moved] if "ANY" in among else moved)
+    return [e.delivery_id in applied for e in envs]
+
+
+_BATCH = "h(delivery_id, digest, board, task_id, run_id, ordinal, attempt, fence, payload_digest)"
+_HOLDER_OF_H = (  # ``_HOLDER``, for the batch's row ``h``
+    "a.board = h.board AND a.task_id = h.task_id AND a.run_id = h.run_id AND a.state = 'running'"
+    " AND a.ordinal = h.ordinal AND a.attempt = h.attempt AND a.fence = h.fence"
+    " AND a.payload_digest = h.payload_digest AND a.lease_until >= {now}"
+)
+_PG_HEARTBEATS = f"""
+WITH h AS (
+    SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::int[],
+                         %s::int[], %s::bigint[], %s::text[]) AS {_BATCH}
+), recorded AS (
+    INSERT INTO {_D.name} (delivery_id, assignment_id, kind, digest, created_at)
+    SELECT h.delivery_id, a.id, 'heartbeat', h.digest, %s
+    FROM h JOIN {T.name} a ON {_HOLDER_OF_H.format(now="%s")}
+    ON CONFLICT (delivery_id) DO NOTHING
+    RETURNING delivery_id, assignment_id
+), extended AS (
+    UPDATE {T.name} a SET lease_until = %s, updated_at = %s
+    FROM h JOIN recorded r ON r.delivery_id = h.delivery_id
+    WHERE a.id = r.assignment_id AND {_HOLDER_OF_H.format(now="%s")}
+    RETURNING r.delivery_id
+)
+SELECT r.delivery_id, e.delivery_id IS NOT NULL FROM recorded r LEFT JOIN extended e USING (delivery_id)
+"""
+_SQLITE_RECORD = f"""
+INSERT INTO {_D.name} (delivery_id, assignment_id, kind, digest, created_at)
+SELECT h.delivery_id, a.id, 'heartbeat', h.digest, ?
+FROM h JOIN {T.name} a ON {_HOLDER_OF_H.format(now="?")}
+WHERE true ON CONFLICT (delivery_id) DO NOTHING
+RETURNING delivery_id, assignment_id
+"""
+_SQLITE_EXTEND = f"""
+UPDATE {T.name} AS a SET lease_until = ?, updated_at = ?
+FROM h WHERE {_HOLDER_OF_H.format(now="?")} AND a.id IN ({{among}})
+RETURNING id
+"""
+
+
+@functools.lru_cache(maxsize=128)
+def _sqlite_heartbeats(n: int, statement: str) -> str:
+    """``statement`` over a batch of ``n`` heartbeats (``h``: ``VALUES``, SQLite 3.33+)."""
+    values = ",".join(["(?,?,?,?,?,?,?,?,?)"] * n)
+    return f"WITH {_BATCH} AS (VALUES {values}) {statement}"
 
 
 def accept_result(s: Session | Connection, env: Envelope, *, now: float) -> Literal["applied", "duplicate"]:

@@ -31,6 +31,16 @@ JSON = b"application/json"
 ONCE = (b"authorization", b"content-type")  # the lane's headers: a request repeating one goes to the route
 
 
+def _answer(outcome: str) -> tuple[Message, Message]:
+    """The route's answer for ``outcome``, as the two ASGI messages ``JSONResponse`` would send."""
+    response = JSONResponse({"outcome": outcome})
+    start = {"type": "http.response.start", "status": 200, "headers": response.raw_headers}
+    return start, {"type": "http.response.body", "body": response.body}
+
+
+ANSWERS = {outcome: _answer(outcome) for outcome in ("applied", "duplicate")}  # built once, not per request
+
+
 class HeartbeatLane:
     def __init__(self, app: ASGIApp, route: Any) -> None:
         self.app, self.route = app, route
@@ -53,7 +63,10 @@ class HeartbeatLane:
         except SQLAlchemyError as err:
             answer = errors.database_error(Request(scope), err)
         else:
-            answer = JSONResponse({"outcome": outcome})
+            start, body = ANSWERS[outcome]
+            await send({**start, "headers": list(start["headers"])})  # a wrapper may add to them
+            await send(dict(body))
+            return
         await answer(scope, receive, send)
 
     def _admitted(self, scope: Scope, message: Message) -> Envelope | None:

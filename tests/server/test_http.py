@@ -145,15 +145,20 @@ def test_a_heartbeat_reads_the_same_in_the_heartbeat_lane_and_on_the_route(serve
     _, grant = taken(served)
     token = tokens.ordinal_token(SECRET, 0)
     charset = {"Content-Type": "application/json; charset=utf-8"}  # not the lane's: the route answers
-    answers: list[list[tuple[int, Any]]] = []
+    answers: list[list[tuple[int, Any, str, bytes]]] = []
     for headers in ({}, charset):
         applied = served.post("/v1/heartbeat", grant.envelope(f"hb-{len(answers)}"), token, headers)
         replay = served.post("/v1/heartbeat", grant.envelope("hb-0"), token, headers)
         stale = served.post("/v1/heartbeat", grant.envelope("hb-9", fence=grant.fence + 1), token, headers)
         other = served.post("/v1/heartbeat", grant.envelope("hb-8"), tokens.ordinal_token(SECRET, 1), headers)
-        answers.append([(r.status_code, r.json()) for r in (applied, replay, stale, other)])
-    assert answers[0] == answers[1]
-    assert [status for status, _ in answers[0]] == [200, 200, 409, 403]
+        answers.append(
+            [
+                (r.status_code, r.json(), r.headers["content-type"], r.content)
+                for r in (applied, replay, stale, other)
+            ]
+        )
+    assert answers[0] == answers[1]  # the lane's answers prebuilt: byte for byte the route's
+    assert [status for status, *_ in answers[0]] == [200, 200, 409, 403]
     assert answers[0][1][1] == {"outcome": "duplicate"} and answers[0][2][1]["error"] == "StaleHolder"
 
 
