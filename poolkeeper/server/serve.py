@@ -132,6 +132,7 @@ def guarded(
         lifespan="off",  # nothing to start: the store is reached on demand
         access_log=access_log,
         server_header=False,
+        proxy_headers=False,  # a peer is its socket's address: no client names itself (transport.py)
         timeout_keep_alive=15,
         timeout_graceful_shutdown=10,
         log_level="info",

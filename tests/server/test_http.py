@@ -26,7 +26,7 @@ from core.errors import DeliveryConflict, InvalidInput, LineageTooDeep, NotFound
 from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.client import Grant, PoolClient
-from poolkeeper.embedded import ServeProc, free_port
+from poolkeeper.embedded import ServeProc, free_port, wait_for
 from store import PoolStore
 from tests.factories import row_state
 
@@ -550,6 +550,21 @@ def test_local_only_answers_only_requests_addressed_to_loopback(
             for path in ("/healthz", "/ui/login"):
                 assert httpx.get(f"{served.url}{path}", headers={"Host": host}).status_code == 200, host
         assert row_state(sqlite_store, row)["state"] == "assigned"  # nothing was offered
+
+
+def test_a_forwarded_for_header_never_names_the_client(served_sqlite: Served) -> None:
+    """The log names the peer that connected: a header any client can send (even from the
+    machine itself, which uvicorn trusts by default) is not taken for its address."""
+    for forged in ("203.0.113.9", "for=203.0.113.9"):
+        got = httpx.post(
+            f"{served_sqlite.url}/ui/login",
+            data={"token": "not-a-token", "next": "/ui"},
+            headers={"X-Forwarded-For": forged, "Forwarded": forged, "X-Forwarded-Proto": "https"},
+        )
+        assert got.status_code == 401, got.text
+    wait_for("the refusal logged", lambda: "sign-in refused from" in served_sqlite.proc.text(), 10)
+    log = served_sqlite.proc.text()
+    assert "sign-in refused from 127.0.0.1" in log and "203.0.113.9" not in log
 
 
 # --- limits and error classes ------------------------------------------------------
