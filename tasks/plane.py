@@ -68,16 +68,24 @@ log = logging.getLogger("poolkeeper.maintenance")
 #
 # ``watch`` reads the queue on every call that names one (ARGV's last item, a JSON object:
 # the queued lifetime, ``window``, ``lead``, the queue's lists, the scan task's name, and
-# ``stamp``, the key holding when the queue was last seen turning dry): a list holding any
-# message but beat's scan messages (every tick has some) deletes the stamp, a dry queue
-# stamps it if it is not. ``adrift`` then says a queued key stands for nothing any more:
-# the queue has been seen dry at every call for ``window`` seconds, and the key has been
-# queued for ``lead`` longer. Scans call every tick while their key is due, so its message
-# was seen in the list, or popped, within ``lead`` of its queueing: ``window`` ago at least.
+# ``stamp``, the key holding when the queue was last seen turning dry; ``stamp:read`` holds
+# the last read). A list holding any message but beat's scan messages (every tick has some)
+# deletes the stamp; a dry queue stamps it where it is not, and stamps it anew where the
+# last read is more than ``lead`` old: nothing is known of the queue in between (a backlog
+# keeps the scans that read it waiting). ``adrift`` then says a queued key stands for
+# nothing any more: the queue has been seen dry, at reads never ``lead`` apart, for
+# ``window`` + ``lead`` seconds, and the key has been queued as long. Its message was
+# pushed right after its marker: it was in the queue at a read (which restarted the
+# window) unless it was popped within ``lead`` of its queueing, ``window`` ago at least.
+# Every scan reads (``record_scan``), so reads come a tick apart while the plane is idle.
 _ADRIFT = """
 local function watch(json)
   if not json then return nil, -1 end
   local a = cjson.decode(json)
+  local t = redis.call('time')
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  local last = tonumber(redis.call('get', a.stamp .. ':read'))
+  redis.call('set', a.stamp .. ':read', string.format('%.6f', now), 'EX', a.queued)
   for _, list in ipairs(a.lists) do
     local n = redis.call('llen', list)
     local wet = n > 64
@@ -95,17 +103,15 @@ local function watch(json)
       return a, -1
     end
   end
-  local t = redis.call('time')
-  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
   local since = tonumber(redis.call('get', a.stamp))
-  if not since then
+  if not since or not last or now - last > a.lead then
     since = now
     redis.call('set', a.stamp, string.format('%.6f', now), 'EX', a.queued)
   end
   return a, now - since
 end
 local function adrift(key, a, dry)
-  if not a or dry < a.window or redis.call('get', key) ~= 'queued' then return false end
+  if not a or dry < a.window + a.lead or redis.call('get', key) ~= 'queued' then return false end
   local ttl = redis.call('pttl', key)
   local age = ttl < 0 and a.queued or a.queued - ttl / 1000
   return age >= a.window + a.lead
@@ -165,6 +171,15 @@ for i, name in ipairs(cjson.decode(ARGV[3])) do
   end
 end
 return pending
+"""
+)
+# A finished scan's stamp (ARGV[1] the hash, ARGV[2] the pass, ARGV[3] when), and a read of
+# the queue for ``_ADRIFT`` (ARGV[4]): every scan reads it, keys or none.
+_SCANNED = (
+    _ADRIFT
+    + """
+watch(ARGV[4])
+return redis.call('hset', ARGV[1], ARGV[2], ARGV[3])
 """
 )
 _FORGET = """
@@ -246,9 +261,9 @@ def adrift_seconds(settings: Settings) -> float:
 
 
 def adrift_lead(settings: Settings) -> float:
-    """How much longer than ``adrift_seconds`` an adrift key must have been queued: its message
-    is pushed right after its marker, and the next scan, a tick later, sees it in the list
-    unless it was popped (two ticks, at least two seconds)."""
+    """How far apart the queue's reads may be for it to count as seen dry, and how much longer
+    than ``adrift_seconds`` it must have been dry and a key queued: two ticks (at least two
+    seconds), as scans read it every tick."""
     return 2 * max(settings.tick_seconds, MIN_HOLD_SECONDS)
 
 
@@ -464,8 +479,10 @@ class RedisCoordination:
         self.r = client
         self.prefix = settings.namespace
         # EVALSHA: each script is sent once, then named by its digest
-        scripts = (_LOCK, _UNLOCK, _MARK, _FORGET)
-        self._lock, self._unlock, self._mark, self._forget = (client.register_script(s) for s in scripts)
+        scripts = (_LOCK, _UNLOCK, _MARK, _FORGET, _SCANNED)
+        self._lock, self._unlock, self._mark, self._forget, self._scanned = (
+            client.register_script(s) for s in scripts
+        )
         self.hold_ms = int(hold_seconds(settings) * 1000)
         self.queued_s = math.ceil(queued_seconds(settings))
         adrift = {
@@ -580,7 +597,7 @@ class RedisCoordination:
 
     def record_scan(self, pass_name: str, now: float) -> None:
         with _redis_errors(self.where):
-            self.r.hset(scans_key(self.prefix), pass_name, repr(now))
+            self._scanned(args=[scans_key(self.prefix), pass_name, repr(now), self.adrift])
 
 
 class LocalCoordination:

@@ -18,6 +18,7 @@ from tasks.plane import (
     Keeper,
     LocalCoordination,
     RedisCoordination,
+    adrift_lead,
     adrift_seconds,
     hold_seconds,
     queue_lists,
@@ -118,36 +119,57 @@ def aged(client: redis.Redis, key: str, seconds: float) -> None:
     client.pexpire(f"poolkeeper:{key}", int((queued_seconds(SETTINGS) - seconds) * 1000))
 
 
-def dry_for(client: redis.Redis, seconds: float) -> None:
-    """As if the queue had been seen empty of process messages for ``seconds``."""
-    now, micros = client.time()
-    client.set("poolkeeper:queue-dry-since", f"{now + micros / 1e6 - seconds:.6f}")
+def dry_for(client: redis.Redis, seconds: float, last_read: float = 0.0) -> None:
+    """As if the queue had been seen empty of process messages for ``seconds``, at reads never
+    a lead apart, the last ``last_read`` seconds ago."""
+    seconds_now, micros = client.time()
+    now = seconds_now + micros / 1e6
+    client.set("poolkeeper:queue-dry-since", f"{now - seconds:.6f}")
+    client.set("poolkeeper:queue-dry-since:read", f"{now - last_read:.6f}")
 
 
 SCAN_MESSAGE = json.dumps({"headers": {"task": "poolkeeper.scan"}, "body": ""})
 WINDOW = adrift_seconds(SETTINGS)
+NEEDED = WINDOW + adrift_lead(SETTINGS)  # dry this long, and queued as long
 
 
 def test_a_queued_marker_stands_while_its_message_may_be_in_flight(client: redis.Redis) -> None:
     coord = RedisCoordination(client, SETTINGS)
-    assert WINDOW == 2 * SETTINGS.task_time_limit + SETTINGS.tick_seconds == 21.0
+    assert WINDOW == 2 * SETTINGS.task_time_limit + SETTINGS.tick_seconds == 21.0 and NEEDED == 23.0
     assert coord.mark_pending("expire", ["1", "2", "3"]) == ["1", "2", "3"]
     for key in ("1", "2", "3"):
-        aged(client, f"pending:expire:{key}", WINDOW + 10)
+        aged(client, f"pending:expire:{key}", NEEDED + 10)
     assert coord.mark_pending("expire", ["1"]) == [], "the queue was only now seen dry"
     assert client.exists("poolkeeper:queue-dry-since"), "and that was stamped"
-    dry_for(client, WINDOW - 2)
-    assert coord.mark_pending("expire", ["1"]) == [], "dry for less than a time limit's worth"
-    dry_for(client, WINDOW + 1)
-    aged(client, "pending:expire:2", WINDOW + 1)
+    dry_for(client, NEEDED - 1)
+    assert coord.mark_pending("expire", ["1"]) == [], "dry for less than two time limits, a tick and a lead"
+    dry_for(client, NEEDED + 1)
+    aged(client, "pending:expire:2", NEEDED - 1)
     assert coord.mark_pending("expire", ["2"]) == [], "queued as the queue ran dry: its message may be popped"
     client.lpush(queue_name(SETTINGS), "a process message")
     assert coord.mark_pending("expire", ["3"]) == [], "the queue holds a message: it may be this key's"
     assert not client.exists("poolkeeper:queue-dry-since"), "and the dry stamp is gone with it"
     client.delete(queue_name(SETTINGS))
     client.lpush(queue_lists(SETTINGS)[2], "a message of priority 6")
-    dry_for(client, WINDOW + 1)
+    dry_for(client, NEEDED + 1)
     assert coord.mark_pending("expire", ["3"]) == [], "every priority's list counts"
+
+
+def test_a_queue_unread_for_a_lead_is_dry_only_from_the_next_read(client: redis.Redis) -> None:
+    """A backlog keeps the scans that read the queue waiting: what it held then is unknown, so
+    a message of it may have been popped a moment ago, by a worker yet to hold it."""
+    coord, other = RedisCoordination(client, SETTINGS), RedisCoordination(client, SETTINGS)
+    assert coord.mark_pending("expire", ["1"]) == ["1"]
+    assert coord.reserve([2]) == [2]
+    coord.queue_reserved([2])
+    aged(client, "pending:expire:1", NEEDED + 10)
+    aged(client, "reserved:2", NEEDED + 10)
+    dry_for(client, NEEDED + 10, last_read=adrift_lead(SETTINGS) + 0.5)  # no read for more than a lead
+    assert coord.mark_pending("expire", ["1"]) == [], "the dry window starts again at this read"
+    assert other.reserve([2]) == [], "so does a reservation's"
+    since = float(client.get("poolkeeper:queue-dry-since") or 0)
+    read = float(client.get("poolkeeper:queue-dry-since:read") or 0)
+    assert 0 <= read - since < 1, "stamped anew, at this read"
 
 
 def test_a_queued_marker_of_a_queue_long_dry_is_adrift_and_sent_again(client: redis.Redis) -> None:
@@ -155,9 +177,9 @@ def test_a_queued_marker_of_a_queue_long_dry_is_adrift_and_sent_again(client: re
     assert coord.mark_pending("expire", ["1", "2", "3"]) == ["1", "2", "3"]
     coord.hold("expire", ["3"], [], seconds=60)  # received: its worker holds it
     for key in ("pending:expire:1", "pending:expire:3"):
-        aged(client, key, WINDOW + 10)
+        aged(client, key, NEEDED + 10)
     client.lpush(queue_name(SETTINGS), SCAN_MESSAGE)  # beat's scan messages do not count
-    dry_for(client, WINDOW + 1)
+    dry_for(client, NEEDED + 1)
     # key 1's message was taken by a worker that died before holding it
     assert coord.mark_pending("expire", ["1", "2", "3"]) == ["1"], "only the old, unheld queued marker"
     assert ttl(client, "pending:expire:1") > 1000, "queued again for its new message's whole life"
@@ -168,11 +190,18 @@ def test_a_queued_reservation_of_a_queue_long_dry_is_adrift_and_reserved_again(c
     dispatcher, other = RedisCoordination(client, SETTINGS), RedisCoordination(client, SETTINGS)
     assert dispatcher.reserve([4, 5]) == [4, 5]
     dispatcher.queue_reserved([4, 5])
-    aged(client, "reserved:4", WINDOW + 10)
+    aged(client, "reserved:4", NEEDED + 10)
     assert other.reserve([4, 5]) == [], "queued: their claims are on their way"
-    dry_for(client, WINDOW + 1)
+    dry_for(client, NEEDED + 1)
     assert other.reserve([4, 5]) == [4], "adrift: the ordinal is free again"
     assert 0 < ttl(client, "reserved:4") <= 1.0 and "reserved:4" in other.keeper.held()
+
+
+def test_every_scan_reads_the_queue_keys_or_none(client: redis.Redis) -> None:
+    coord = RedisCoordination(client, SETTINGS)
+    coord.record_scan("gc", 1.5)
+    assert client.hget("poolkeeper:scans", "gc") == b"1.5"
+    assert client.exists("poolkeeper:queue-dry-since", "poolkeeper:queue-dry-since:read") == 2
 
 
 def test_a_hold_ends_at_its_deadline_even_while_its_holder_lives(client: redis.Redis) -> None:
