@@ -77,7 +77,8 @@ log = logging.getLogger("poolkeeper.maintenance")
 # ``window`` + ``lead`` seconds, and the key has been queued as long. Its message was
 # pushed right after its marker: it was in the queue at a read (which restarted the
 # window) unless it was popped within ``lead`` of its queueing, ``window`` ago at least.
-# Every scan reads (``record_scan``), so reads come a tick apart while the plane is idle.
+# A scan reads it whenever it submits keys and dispatch whenever it reserves, so a lost
+# key's own scan (its row stays due) reads it every tick.
 _ADRIFT = """
 local function watch(json)
   if not json then return nil, -1 end
@@ -171,15 +172,6 @@ for i, name in ipairs(cjson.decode(ARGV[3])) do
   end
 end
 return pending
-"""
-)
-# A finished scan's stamp (ARGV[1] the hash, ARGV[2] the pass, ARGV[3] when), and a read of
-# the queue for ``_ADRIFT`` (ARGV[4]): every scan reads it, keys or none.
-_SCANNED = (
-    _ADRIFT
-    + """
-watch(ARGV[4])
-return redis.call('hset', ARGV[1], ARGV[2], ARGV[3])
 """
 )
 _FORGET = """
@@ -479,10 +471,8 @@ class RedisCoordination:
         self.r = client
         self.prefix = settings.namespace
         # EVALSHA: each script is sent once, then named by its digest
-        scripts = (_LOCK, _UNLOCK, _MARK, _FORGET, _SCANNED)
-        self._lock, self._unlock, self._mark, self._forget, self._scanned = (
-            client.register_script(s) for s in scripts
-        )
+        scripts = (_LOCK, _UNLOCK, _MARK, _FORGET)
+        self._lock, self._unlock, self._mark, self._forget = (client.register_script(s) for s in scripts)
         self.hold_ms = int(hold_seconds(settings) * 1000)
         self.queued_s = math.ceil(queued_seconds(settings))
         adrift = {
@@ -597,7 +587,7 @@ class RedisCoordination:
 
     def record_scan(self, pass_name: str, now: float) -> None:
         with _redis_errors(self.where):
-            self._scanned(args=[scans_key(self.prefix), pass_name, repr(now), self.adrift])
+            self.r.hset(scans_key(self.prefix), pass_name, repr(now))
 
 
 class LocalCoordination:

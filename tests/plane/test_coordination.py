@@ -197,13 +197,6 @@ def test_a_queued_reservation_of_a_queue_long_dry_is_adrift_and_reserved_again(c
     assert 0 < ttl(client, "reserved:4") <= 1.0 and "reserved:4" in other.keeper.held()
 
 
-def test_every_scan_reads_the_queue_keys_or_none(client: redis.Redis) -> None:
-    coord = RedisCoordination(client, SETTINGS)
-    coord.record_scan("gc", 1.5)
-    assert client.hget("poolkeeper:scans", "gc") == b"1.5"
-    assert client.exists("poolkeeper:queue-dry-since", "poolkeeper:queue-dry-since:read") == 2
-
-
 def test_a_hold_ends_at_its_deadline_even_while_its_holder_lives(client: redis.Redis) -> None:
     coord = RedisCoordination(client, SETTINGS)
     coord.mark_pending("expire", ["9"])
