@@ -111,6 +111,8 @@ def run_batch(
         tokens = plane.coord.lock_many(lock_names)
     except TransientError as err:
         result.transient = [(k, err) for k in keys]
+        if settle is not None:  # each key is retried (or given up) as any transient one
+            settle(result)
         return result
     mine, busy = [], []
     cleared: list[str] = []

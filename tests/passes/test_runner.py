@@ -280,3 +280,21 @@ def test_a_busy_store_is_asked_once_for_a_batch_of_failures_not_once_per_row(
         f"expire rows {', '.join(map(str, rows))} failed (unrecorded: pool store: database is locked)"
         ": ValueError: x"
     ]
+
+
+def test_a_batch_whose_locks_cannot_be_taken_is_settled_as_transient(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def away(_: list[str]) -> list[str | None]:
+        raise TransientError("redis: busy")
+
+    monkeypatch.setattr(plane.coord, "lock_many", away)
+    settled: list[list[Any]] = []
+
+    def settle(result: runner.BatchResult) -> list[Any]:
+        settled.append([key for key, _ in result.transient])
+        return []
+
+    result = runner.run_batch(plane, "expire", [1, 2], NOW, settle=settle)
+    assert settled == [[1, 2]], "the task retries what its settle is told is transient"
+    assert [key for key, _ in result.transient] == [1, 2] and result.done == []
