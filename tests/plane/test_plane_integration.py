@@ -19,6 +19,7 @@ from sqlalchemy import text
 
 from board import TaskStatus
 from core.errors import StaleHolder
+from core.settings import Settings
 from poolkeeper.client import envelope
 from poolkeeper.embedded import CeleryProc, free_port, wait_for
 from poolkeeper.simulate import Faults, SimPool
@@ -215,14 +216,14 @@ def _queued(e: PlaneEnv) -> list[tuple[str, list[Any]]]:
     return out
 
 
-def test_a_storm_never_queues_more_than_one_message_per_row(env: PlaneEnv) -> None:
-    k = 60
-    settings = make_settings(env.tmp, env.redis.url, pool_size=k)
+def expired_leases(e: PlaneEnv, k: int, **over: Any) -> tuple[Settings, Plane, scan.Enqueue]:
+    """K running rows whose leases ended long ago, a plane on them, and an enqueue into the real queue."""
+    settings = make_settings(e.tmp, e.redis.url, pool_size=k, **over)
     store = PoolStore.from_settings(settings)
-    for i in range(k):  # K running rows whose leases ended long ago
+    for i in range(k):
         store.add_run(board="b", task_id=f"s{i}", run_id=1, ordinal=i, payload={}, now=0)
         assert store.offer(i, owner=OWNER, now=0) is not None
-    plane = Plane(settings, store, env.kanban, RedisCoordination(env.redis.client(), settings))
+    plane = Plane(settings, store, e.kanban, RedisCoordination(e.redis.client(), settings))
     from tasks.celery import make_app
 
     app = make_app(settings)
@@ -230,6 +231,12 @@ def test_a_storm_never_queues_more_than_one_message_per_row(env: PlaneEnv) -> No
     def enqueue(pass_name: str, keys: list[Any]) -> None:
         app.send_task(process_task(settings), (pass_name, keys), queue=queue_name(settings))
 
+    return settings, plane, enqueue
+
+
+def test_a_storm_never_queues_more_than_one_message_per_row(env: PlaneEnv) -> None:
+    k = 60
+    settings, plane, enqueue = expired_leases(env, k)
     for _ in range(5):  # five ticks (or two beats) with no worker consuming: the slowest worker
         scan.scan(plane, "expire", time.time(), enqueue)
         queued = [key for pass_name, keys in _queued(env) if pass_name == "expire" for key in keys]
@@ -243,20 +250,8 @@ def test_a_storm_never_queues_more_than_one_message_per_row(env: PlaneEnv) -> No
 
 def test_a_message_taken_by_a_worker_that_died_before_holding_it_is_sent_again(env: PlaneEnv) -> None:
     k, tick = 20, 1.0
-    settings = make_settings(env.tmp, env.redis.url, pool_size=k, tick_seconds=tick, task_time_limit=2.0)
+    settings, plane, enqueue = expired_leases(env, k, tick_seconds=tick, task_time_limit=2.0)
     bound = adrift_seconds(settings) + adrift_lead(settings) + tick  # 8 s: a scan a tick
-    store = PoolStore.from_settings(settings)
-    for i in range(k):  # K running rows whose leases ended long ago
-        store.add_run(board="b", task_id=f"s{i}", run_id=1, ordinal=i, payload={}, now=0)
-        assert store.offer(i, owner=OWNER, now=0) is not None
-    plane = Plane(settings, store, env.kanban, RedisCoordination(env.redis.client(), settings))
-    from tasks.celery import make_app
-
-    app = make_app(settings)
-
-    def enqueue(pass_name: str, keys: list[Any]) -> None:
-        app.send_task(process_task(settings), (pass_name, keys), queue=queue_name(settings))
-
     assert scan.scan(plane, "expire", time.time(), enqueue) == k
     # A worker takes the message off the queue (kombu's BRPOP) and is killed before its
     # task_received hold: the message is gone, its keys' markers still say "queued".
