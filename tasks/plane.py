@@ -19,8 +19,8 @@ dead process held is free again within half a tick. A marker or a reservation th
 for a message in the queue is not held by any process: the queue keeps the message, and
 it lives ``queued_seconds`` (past any redelivery), unless the queue has been seen dry
 for ``adrift_seconds`` while it stood: then it is adrift (its message was taken by a
-worker that died before holding it) and the next scan sends its key again. The worker that receives
-the message holds them from then on (``Coordination.hold``).
+worker that died before holding it) and the next scan sends its key again. The worker
+that receives the message holds them from then on (``Coordination.hold``).
 
 Every key starts with the deployment's namespace (``POOL_NAMESPACE``), as do
 its queue (``queue_name``) and task names, so deployments sharing one Redis
@@ -269,6 +269,14 @@ def queue_lists(settings: Settings) -> list[str]:
     return [queue, *(f"{queue}\x06\x16{step}" for step in (3, 6, 9))]
 
 
+def _by_token(held: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """(name, token) pairs as each token's names: one script call per token a batch holds."""
+    by_token: dict[str, list[str]] = {}
+    for name, token in held:
+        by_token.setdefault(token, []).append(name)
+    return by_token
+
+
 def holder_token() -> str:
     """A token that names its holder (``host:pid:random``), so an operator sees who holds a key."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:16]}"
@@ -509,11 +517,8 @@ class RedisCoordination:
 
     def unlock_many(self, held: dict[str, str]) -> None:
         self.keeper.discard(f"lock:{key}" for key in held)
-        by_token: dict[str, list[str]] = {}
-        for key, token in held.items():
-            by_token.setdefault(token, []).append(key)
         with _redis_errors():
-            for token, names in by_token.items():
+            for token, names in _by_token(held.items()).items():
                 self._unlock(args=[token, f"{self.prefix}:lock:", _batch(names)])
 
     def mark_pending(self, pass_name: str, keys: Iterable[str]) -> list[str]:
@@ -539,14 +544,11 @@ class RedisCoordination:
         names = list(done)
         self.keeper.discard(f"lock:{key}" for key in held)
         self.keeper.discard(f"pending:{pass_name}:{n}" for n in names)
-        by_token: dict[str, list[str]] = {}
-        for key, token in held.items():
-            by_token.setdefault(token, []).append(key)
-        batches = list(by_token.items()) or [("", [])]  # one call even with no lock held
+        batches = list(_by_token(held.items()).items()) or [("", [])]  # one call even with no lock held
+        pending = f"{self.prefix}:pending:{pass_name}:"
         with _redis_errors():
             for i, (token, locks) in enumerate(batches):
                 markers = _batch(names) if i == 0 else "[]"
-                pending = f"{self.prefix}:pending:{pass_name}:"
                 self._finish(args=[token, f"{self.prefix}:lock:", _batch(locks), pending, markers])
 
     def reserve(self, ordinals: Iterable[int]) -> list[int]:
@@ -555,10 +557,8 @@ class RedisCoordination:
         return [o for o, token in zip(wanted, won, strict=True) if token]
 
     def queue_reserved(self, ordinals: Iterable[int]) -> None:
-        by_token: dict[str, list[str]] = {}
-        for ordinal in ordinals:
-            if token := self.keeper.token(f"reserved:{ordinal}"):
-                by_token.setdefault(token, []).append(str(ordinal))
+        held = ((str(o), token) for o in ordinals if (token := self.keeper.token(f"reserved:{o}")))
+        by_token = _by_token(held)
         self.keeper.discard(f"reserved:{n}" for names in by_token.values() for n in names)
         with _redis_errors():
             for token, names in by_token.items():
