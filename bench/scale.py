@@ -67,7 +67,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from bench.api_bench import PG_URL, postgres_database
-from bench.storm import PlaneRun, at_defaults, storm
+from bench.storm import TICK, PlaneRun, at_defaults, cpu_of, proc_stat, storm
 from core.settings import Settings
 from core.validate import canonical_json, sha256
 from poolkeeper import tokens
@@ -83,32 +83,18 @@ LEASE = 24 * 3600.0  # never ends during the bench
 SCALE = (1, 2, 4)
 DIGEST = sha256(canonical_json({}))
 CORES = os.cpu_count() or 1
-TICK = os.sysconf("SC_CLK_TCK")
 _LENGTH = re.compile(rb"content-length: *(\d+)", re.IGNORECASE)
 
 
 # ---- CPU by process group, from /proc ----
 
 
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state first), or None if gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return raw.rpartition(")")[2].split()
-
-
-def _cpu(fields: list[str]) -> float:
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
-
-
 def group_cpu(pgids: Iterable[int]) -> dict[int, float]:
     """CPU seconds of every live process in the process groups ``pgids``, by pid."""
     wanted, found = set(pgids), {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := _stat(int(entry))) and int(fields[2]) in wanted:
-            found[int(entry)] = _cpu(fields)
+        if entry.isdigit() and (fields := proc_stat(int(entry))) and int(fields[2]) in wanted:
+            found[int(entry)] = cpu_of(fields)
     return found
 
 
@@ -138,10 +124,10 @@ class Probe:
             sql = "SELECT sessions FROM pg_stat_database WHERE datname = :d"
             sessions = conn.scalar(text(sql), {"d": self.database})
         snap = {name: group_cpu(pgids) for name, pgids in groups.items()}
-        snap["postgres"] = {p: _cpu(f) for p in ours if (f := _stat(p))}
-        snap["pg background"] = {p: _cpu(f) for p in background if (f := _stat(p))}
-        first = _stat(background[0]) if background else None
-        reaped = _stat(int(first[1])) if first else None  # the postmaster: its exited children's CPU
+        snap["postgres"] = {p: cpu_of(f) for p in ours if (f := proc_stat(p))}
+        snap["pg background"] = {p: cpu_of(f) for p in background if (f := proc_stat(p))}
+        first = proc_stat(background[0]) if background else None
+        reaped = proc_stat(int(first[1])) if first else None  # the postmaster: its exited children's CPU
         snap["pg exited"] = {0: (int(reaped[13]) + int(reaped[14])) / TICK if reaped else 0.0}
         snap["pg sessions"] = {0: float(sessions or 0)}
         snap["machine"] = {0: machine_busy()}

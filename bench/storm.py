@@ -302,13 +302,27 @@ def plane_rate(
         run.stop()
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None if gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw.rpartition(")")[2].split()
+
+
+def cpu_of(fields: list[str]) -> float:
+    """CPU seconds (utime + stime) of a process's ``proc_stat`` fields."""
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 def cpu_seconds(pid: int) -> float:
     """A process's CPU so far (user + system), 0 if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = proc_stat(pid)
+    return cpu_of(fields) if fields else 0.0
 
 
 def floors(url: str, n: int, redis: RedisServer) -> None:
