@@ -426,7 +426,7 @@ def placeholder(conn: Connection) -> str:
     return _PLACEHOLDER[conn.dialect.paramstyle]
 
 
-def among(conn: Connection, ids: Sequence[int]) -> tuple[str, list[Any]]:
+def among(conn: Connection, ids: Sequence[int | str]) -> tuple[str, list[Any]]:
     """``ids`` as the right-hand side of a membership test, and its parameters, for ``raw``:
     ``IN (?, ?, ...)`` on SQLite; on PostgreSQL ``= ANY(%s)``, one array parameter, so
     psycopg does not parse a thousand placeholders in Python for every statement (a

@@ -394,8 +394,8 @@ def new_heartbeats(
             applied = {of_row[r[0]] for r in db.raw(conn, sql, [*rows, lease, now, now, *of_row])}
             moved = [r[0] for r in recorded if r[0] not in applied]
     if moved:  # the long way says how
-        among = "= ANY(%s)" if conn.dialect.name == "postgresql" else f"IN ({','.join('?' * len(moved))})"
-        db.raw(conn, f"DELETE FROM {_D.name} WHERE delivery_id {among}", [moved] if "ANY" in among else moved)
+        among, params = db.among(conn, moved)
+        db.raw(conn, f"DELETE FROM {_D.name} WHERE delivery_id {among}", params)
     return [e.delivery_id in applied for e in envs]
 
 
