@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install demo test lint bench soak screenshots clean
+.PHONY: install demo test lint bench bench-e2e soak sim screenshots clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -33,8 +33,19 @@ bench: install
 	$(PY) bench/lineage_bench.py
 	$(PY) bench/scale.py
 
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e '.[dev,bench]'
+	touch $@
+
+bench-e2e: $(VENV)/.bench-installed  # poolkeeper at defaults beside Celery and procrastinate (bench/e2e.py)
+	$(PY) bench/e2e.py $(ARGS)
+
 soak: install  # the fault soak at full size (bench/soak.py; options after ARGS=, e.g. ARGS="--tasks 10000")
 	$(PY) bench/soak.py $(ARGS)
+
+HOURS ?=
+sim: install  # the deterministic simulation (bench/sim.py): one seed; HOURS=8 runs seed after seed for 8 hours
+	$(PY) bench/sim.py $(if $(HOURS),--hours $(HOURS)) $(ARGS)
 
 screenshots: install  # the console's pictures in docs/ (needs Debian's chromium and chromium-driver)
 	$(PY) -m tests.screenshots docs

@@ -45,9 +45,9 @@ from sqlalchemy import create_engine, text
 
 from core.settings import Settings
 from poolkeeper import tokens
-from poolkeeper.client import Grant, PoolClient
+from poolkeeper.api.app import server_store
 from poolkeeper.embedded import ServeProc
-from poolkeeper.server.app import server_store
+from poolkeeper.workerhost.client import Grant, PoolClient
 from store import Offer, PoolStore
 
 ORDINALS = 64

@@ -1,7 +1,7 @@
 """Retiring a run's children when its grant ends: the cost per child, and the no-child case.
 
 For 0, 10 and 1,000 live children per run, each run's lease is expired with
-``store.transitions.expire`` (which retires the run's children in the same
+``store.transitions.expire_many`` (which retires the run's children in the same
 transaction), one transaction per run, as the expire pass does. The baseline,
 in the same run, is the same expire on the same rows with no lineage: the
 child table dropped and the retire step skipped; "+SELECT 1" puts an empty
@@ -107,7 +107,7 @@ def expire_each(store: PoolStore, ids: list[int]) -> float:
     start = time.perf_counter()
     for row_id in ids:
         with store.connection() as conn:
-            transitions.expire(conn, row_id, max_attempts=3, now=T0 + 2 * LEASE)
+            transitions.expire_many(conn, [row_id], max_attempts=3, now=T0 + 2 * LEASE)
     return (time.perf_counter() - start) / len(ids) * 1e6
 
 

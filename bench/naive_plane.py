@@ -16,7 +16,7 @@ from sqlalchemy.pool import NullPool
 from core import db
 from core.settings import Settings
 from store import transitions
-from tasks.plane import RedisCoordination
+from tasks.redis_coordination import RedisCoordination
 
 settings = Settings.from_env()
 app = Celery("naive", broker=settings.redis_url)
@@ -39,7 +39,7 @@ def expire_one(row_id: int) -> None:
     engine = db.make_engine(settings.database_url, poolclass=NullPool)
     try:
         with db.transaction(engine) as s:
-            transitions.expire(s, row_id, max_attempts=settings.max_attempts, now=time.time())
+            transitions.expire_many(s, [row_id], max_attempts=settings.max_attempts, now=time.time())
     finally:
         engine.dispose()
         coord.unlock_many({f"row:{row_id}": token})

@@ -75,7 +75,8 @@ from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc
 from store import PoolStore, queries
 from store.models import RowState
 from tasks import gc
-from tasks.plane import LocalCoordination, Plane
+from tasks.coordination import LocalCoordination
+from tasks.plane import Plane
 
 HEARTBEAT_ROWS = 30_000  # running rows the heartbeats cycle through
 IDLE_ORDINALS = 2_000  # ordinals with nothing to run, polled with offer

@@ -1,7 +1,8 @@
 """The project's own fault soak: the whole plane on real processes, each kind of process killed at random.
 
 A private redis-server on a free loopback port, a SQLite store and board in a temporary
-folder (``--database-url`` for PostgreSQL), ``poolctl init``, 2 Celery workers, 2 beats,
+folder (``--database-url`` for PostgreSQL, ``--postgres`` for a private cluster the soak
+starts and may restart, cut, lock and freeze), ``poolctl init``, 2 Celery workers, 2 beats,
 ``poolctl serve`` and one ``poolctl worker`` per ordinal, whose command is a small script
 that records every execution from inside itself (one ``O_APPEND`` write per line): run,
 attempt, fence, owner, pid and time at start and at end. It also takes a ``flock`` on its
@@ -10,8 +11,10 @@ when the first was SIGKILLed and wrote no end. Tasks: short ones, some poisoned 
 call about them fails), some hanging (longer than the lease: heartbeats must hold it), some
 failing (exit 3: parked), on a busy board.
 
-For ``--duration`` seconds a fault injector kills one process at a time, round-robin over
-the chosen kinds in a shuffled order; a supervisor loop restarts every dead process after
+For ``--duration`` seconds a fault injector kills one process at a time (``--faults
+production``: freezes one for a lease and a second, restarts the database, cuts its
+connections or locks a table), round-robin over the chosen kinds in a shuffled order; a
+supervisor loop restarts every dead process after
 ``--restart-delay`` (Redis: stopped, then started on the same port; a ``worker-away`` pool
 worker, killed with its command, only once the expire pass has re-offered its run). Then
 it waits, faults off, until every task is done or blocked, or the hard ``--deadline`` passes. A sampler
@@ -60,7 +63,7 @@ from board import Board, open_board
 from core.errors import PoolError
 from core.settings import Settings
 from poolkeeper import operator, tokens
-from poolkeeper.embedded import ROOT, CeleryProc, RedisServer, ServeProc
+from poolkeeper.embedded import ROOT, CeleryProc, RedisServer, ServeProc, free_port
 from store import PoolStore, audit, presence, queries
 from store.models import RowState
 
@@ -68,7 +71,15 @@ BOARD = "soak"
 FAULT_KINDS = (
     "worker+command", "worker-only", "worker-away", "celery-worker", "celery-child", "beat", "serve", "redis"
 )  # fmt: skip
+# What production adds to process deaths (``--faults production``): the database restarted
+# (immediate shutdown), its connections cut, a table locked for a lease, and processes frozen
+# (SIGSTOP, then SIGCONT a lease and a second later). The database's need ``--postgres``.
+DB_KINDS = ("db-restart", "db-cut", "db-lock", "freeze-database")
+FREEZE_KINDS = ("freeze-serve", "freeze-celery-worker", "freeze-beat", "freeze-redis", "freeze-database")
+PRODUCTION_KINDS = ("db-restart", "db-cut", "db-lock", *FREEZE_KINDS)
 DISPATCH_KINDS = ("celery-worker", "celery-child", "beat", "redis")  # recovery: the next claim
+# recovery: the next claim after the dependency is back (restarted, cut, unlocked, thawed)
+BACK_KINDS = tuple(k for k in PRODUCTION_KINDS if k != "freeze-serve")
 WORKER_KINDS = ("worker+command", "worker-only", "worker-away")  # a pool worker killed mid-command
 WITH_COMMAND = ("worker+command", "worker-away")  # its command killed too (the whole pod)
 # worker-away: not restarted until the expire pass re-offered its run (recovery: kill to re-offer);
@@ -179,13 +190,94 @@ class Watch:
     errors: Counter[str] = field(default_factory=Counter)
 
 
+@dataclass
+class Lasting:
+    """A fault that lasts: frozen processes thawed (SIGCONT), or a lock let go, at ``until``."""
+
+    fault: Fault
+    until: float
+    pids: list[int] = field(default_factory=list)
+    done: threading.Event | None = None  # a db-lock's holder: set once it let go
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of the soak's own (``initdb`` into its folder, a free loopback port),
+    so restarting, cutting, locking and freezing the database never touch a shared server."""
+
+    def __init__(self, workdir: Path) -> None:
+        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+        initdb = str(found[-1]) if found else shutil.which("initdb")  # Debian's, else one on PATH
+        if initdb is None:
+            sys.exit("soak: --postgres: no initdb here (Debian's postgresql package brings it)")
+        self.bin = Path(initdb).parent
+        self.dir, self.sockets = workdir / "pg", workdir / "pg-sockets"
+        self.port = free_port()
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/soak"
+        # PostgreSQL refuses to run as root: then its processes run as the postgres user.
+        self.as_user: dict[str, Any] = (
+            {"user": "postgres", "group": "postgres", "extra_groups": []} if os.geteuid() == 0 else {}
+        )
+        self.log = workdir / "database.log"
+
+    def init(self) -> None:
+        for d in (self.dir, self.sockets):
+            d.mkdir()
+            if self.as_user:
+                shutil.chown(d, "postgres", "postgres")
+        if self.as_user:
+            self.dir.parent.chmod(0o755)  # the postgres user reaches its folders
+        argv = [str(self.bin / "initdb"), "-D", str(self.dir), "-A", "trust", "-U", "postgres", "--no-sync"]
+        subprocess.run(argv, check=True, capture_output=True, timeout=120, **self.as_user)
+
+    def spawn(self, _: str) -> subprocess.Popen[bytes]:
+        settings = ["listen_addresses=127.0.0.1", "fsync=off", "max_connections=300"]
+        argv = [
+            str(self.bin / "postgres"),
+            "-D",
+            str(self.dir),
+            "-p",
+            str(self.port),
+            "-k",
+            str(self.sockets),
+        ]
+        argv += [arg for c in settings for arg in ("-c", c)]
+        with self.log.open("ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=out, start_new_session=True, **self.as_user)
+        deadline = time.time() + 60
+        while not self.ready():
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the private PostgreSQL did not start: see {self.log}")
+            time.sleep(0.1)
+        return proc
+
+    def ready(self) -> bool:
+        argv = [str(self.bin / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port)]
+        return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+
+    def connect(self, database: str = "soak") -> Any:
+        import psycopg
+
+        return psycopg.connect(
+            f"host=127.0.0.1 port={self.port} user=postgres dbname={database}", autocommit=True
+        )
+
+    def create_database(self) -> None:
+        with self.connect("postgres") as conn:
+            conn.execute("CREATE DATABASE soak")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--tasks", type=int, default=2000, help="tasks added to the board")
     p.add_argument("--ordinals", type=int, default=16, help="pool size: one `poolctl worker` each")
     p.add_argument("--duration", type=float, default=300, help="seconds of fault injection")
     p.add_argument("--deadline", type=float, default=900, help="hard limit on the whole soak, seconds")
-    p.add_argument("--faults", default="all", help=f"all, none, or a comma list of {', '.join(FAULT_KINDS)}")
+    p.add_argument(
+        "--faults",
+        default="all",
+        help=f"all (process deaths: {', '.join(FAULT_KINDS)}), production ({', '.join(PRODUCTION_KINDS)}),"
+        " every (both), none, or a comma list of kinds",
+    )
     p.add_argument("--fault-every", type=float, default=8, help="mean seconds between faults")
     p.add_argument("--restart-delay", type=float, default=0.5, help="a supervisor's delay before a restart")
     p.add_argument("--lease", type=float, default=6, help="POOL_LEASE_SECONDS")
@@ -205,15 +297,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--poison", type=int, default=4, help="poisoned tasks (every board call fails)")
     p.add_argument("--board-busy", type=float, default=0.02, help="POOL_CHAOS_BOARD_BUSY_RATE")
     p.add_argument("--database-url", default="", help="the store and board (default: SQLite files)")
+    p.add_argument(
+        "--postgres",
+        action="store_true",
+        help="the store and board on a private PostgreSQL cluster the soak starts (initdb, a free port):"
+        " the database's faults never touch a shared server",
+    )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--keep", action="store_true", help="keep the temporary folder even on success")
     args = p.parse_args(argv)
-    args.kinds = (
-        () if args.faults == "none" else FAULT_KINDS if args.faults == "all" else args.faults.split(",")
-    )
-    unknown = set(args.kinds) - set(FAULT_KINDS)
+    named = {
+        "none": (),
+        "all": FAULT_KINDS,
+        "production": PRODUCTION_KINDS,
+        "every": FAULT_KINDS + PRODUCTION_KINDS,
+    }
+    args.kinds = named.get(args.faults) or tuple(args.faults.split(","))
+    unknown = set(args.kinds) - set(FAULT_KINDS + PRODUCTION_KINDS)
     if unknown:
         p.error(f"--faults: unknown kind(s) {', '.join(sorted(unknown))}")
+    if set(args.kinds) & set(DB_KINDS) and not args.postgres:
+        needs = ", ".join(k for k in args.kinds if k in DB_KINDS)
+        p.error(f"--faults: {needs} need --postgres (a private cluster)")
+    if args.postgres and args.database_url:
+        p.error("--postgres: give it or --database-url, not both")
     return args
 
 
@@ -227,7 +334,8 @@ class Soak:
         self.command_py = self.workdir / "command.py"
         self.command_py.write_text(COMMAND)
         self.redis = RedisServer(self.workdir)
-        db = args.database_url
+        self.postgres = PrivatePostgres(self.workdir) if args.postgres else None
+        db = self.postgres.url if self.postgres else args.database_url
         self.settings = Settings.from_env(
             {},
             database_url=db or f"sqlite:///{self.workdir}/pool.db",
@@ -252,6 +360,7 @@ class Soak:
         self.stop_sampling = threading.Event()
         self.store: PoolStore | None = None
         self.expired_first: list[Fault] = []  # worker faults whose run came back through expire
+        self.lasting: list[Lasting] = []  # faults not over yet: frozen processes, a held lock
 
     # --- processes ---------------------------------------------------------------
 
@@ -299,6 +408,11 @@ class Soak:
     def start(self) -> None:
         self.managed.append(Managed("redis", "redis", self._redis))
         self.managed[-1].start()
+        if self.postgres is not None:
+            self.postgres.init()
+            self.managed.append(Managed("database", "database", self.postgres.spawn))
+            self.managed[-1].start()
+            self.postgres.create_database()
         subprocess.run([*POOLCTL, "init"], env=self.env, check=True, capture_output=True, timeout=120)
         self.store = PoolStore.from_settings(self.settings)  # the supervisor's own reads
         kanban = open_board(self.settings)
@@ -310,8 +424,9 @@ class Soak:
                 m = Managed(kind, f"{kind}{i}", self._celery("worker" if kind == "celery-worker" else "beat"))
                 self.managed.append(m)
                 m.start()
-        for m in self.managed[1:]:
-            _wait_ready(m, self.workdir / f"{m.name}-{m.generation}.log")
+        for m in self.managed:
+            if m.kind in ("celery-worker", "beat"):
+                _wait_ready(m, self.workdir / f"{m.name}-{m.generation}.log")
         self.managed.append(Managed("serve", "serve", self._serve))
         self.managed[-1].start()
         for o in range(self.args.ordinals):
@@ -383,6 +498,8 @@ class Soak:
         a long one with most of its time ahead, so what survives it has time to show (for up to
         10 s after the fault is due it waits for one; then any command will do).
         """
+        if kind in PRODUCTION_KINDS:
+            return self.impair(kind)
         up = [m for m in self.managed if m.alive()]
         fault = Fault(kind, time.time(), "")
         if kind in WORKER_KINDS:
@@ -427,6 +544,70 @@ class Soak:
         self.faults.append(fault)
         print(f"  {time.time() - self.t0:7.1f}s fault {kind:15s} {victim.name}", flush=True)
         return True
+
+    def impair(self, kind: str) -> bool:
+        """A production fault: the database restarted, its connections cut or a table locked; a
+        process frozen (itself and everything under it) for a lease and a second.
+
+        ``Fault.restarted`` is when the dependency is back: restarted and answering, cut (at
+        once), unlocked, thawed. Until then no other fault is injected."""
+        now = time.time()
+        fault = Fault(kind, now, "database" if kind.startswith("db-") else "")
+        lasting = Lasting(fault, now + self.args.lease + 1)
+        if kind.startswith("freeze-"):
+            victim = self.rng.choice([m for m in self.managed if m.alive() and m.kind == kind[7:]])
+            lasting.pids = [victim.pid, *_descendants(victim.pid)]
+            for pid in lasting.pids:
+                _signal(pid, signal.SIGSTOP)
+            fault.target = victim.name
+            self.lasting.append(lasting)
+        elif kind == "db-restart":
+            victim = next(m for m in self.managed if m.kind == "database")
+            victim.planned = True
+            _signal(victim.pid, signal.SIGQUIT)  # immediate shutdown: crash recovery at the next start
+        elif kind == "db-cut":
+            self.postgres_cut()
+            fault.restarted = time.time()
+        else:  # db-lock
+            lasting.done = threading.Event()
+            threading.Thread(target=self.postgres_lock, args=(lasting,), daemon=True).start()
+            self.lasting.append(lasting)
+        self.faults.append(fault)
+        print(f"  {time.time() - self.t0:7.1f}s fault {kind:15s} {fault.target}", flush=True)
+        return True
+
+    def postgres_cut(self) -> None:
+        """Terminate every backend of the plane's database but this one (serve, the board, workers)."""
+        assert self.postgres is not None
+        with self.postgres.connect() as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = 'soak' AND pid <> pg_backend_pid()"
+            )
+
+    def postgres_lock(self, lasting: Lasting) -> None:
+        """Hold the ``assignments`` table's strongest lock for a lease: every store write waits."""
+        assert self.postgres is not None and lasting.done is not None
+        try:
+            with self.postgres.connect() as conn, conn.transaction():
+                conn.execute("LOCK TABLE assignments IN ACCESS EXCLUSIVE MODE")
+                time.sleep(max(0.0, lasting.until - 1 - time.time()))
+        except Exception as err:
+            print(f"  db-lock failed: {type(err).__name__}: {err}", flush=True)
+        lasting.fault.restarted = time.time()
+        lasting.done.set()
+
+    def end_lasting(self, now: float, every: bool = False) -> None:
+        """Thaw what is due (all of it on the way out); forget a lock that was let go."""
+        for lasting in list(self.lasting):
+            if lasting.done is not None:
+                if lasting.done.is_set():
+                    self.lasting.remove(lasting)
+            elif every or now >= lasting.until:
+                for pid in lasting.pids:
+                    _signal(pid, signal.SIGCONT)
+                lasting.fault.restarted = time.time()
+                self.lasting.remove(lasting)
 
     # --- the sampler ---------------------------------------------------------------
 
@@ -473,8 +654,11 @@ class Soak:
         # Celery workers exit when Redis restarts under them (kombu's restore_unacked; their
         # supervisor restarts them): until Redis and one worker are up, nothing can dispatch,
         # and a stall is the supervisor's restart, not the plane's.
-        down = not self.redis_up() or not any(
-            m.consuming(self.workdir) for m in self.managed if m.kind == "celery-worker"
+        down = (
+            not self.redis_up()
+            or not all(m.alive() for m in self.managed if m.kind == "database")
+            or bool(self.lasting)  # frozen, or locked: dispatch waits for it by design
+            or not any(m.consuming(self.workdir) for m in self.managed if m.kind == "celery-worker")
         )
         if down and w.down_since is None:
             w.down_since = now
@@ -522,6 +706,7 @@ class Soak:
         next_fault = time.time() + a.fault_every * self.rng.uniform(0.5, 1.5)
         next_progress = time.time() + PROGRESS_EVERY
         while time.time() < started + a.deadline:
+            self.end_lasting(time.time())
             self.supervise()
             now = time.time()
             if now >= next_progress:
@@ -529,7 +714,8 @@ class Soak:
                 self.progress(now)
             # Past --duration only to finish the first round: every kind at least once.
             due = now < faults_end or len({f.kind for f in self.faults}) < len(a.kinds)
-            if a.kinds and due and now >= next_fault and all(m.alive() for m in self.managed):
+            calm = not self.lasting and all(m.alive() for m in self.managed)
+            if a.kinds and due and now >= next_fault and calm:
                 order = order or self.rng.sample(a.kinds, len(a.kinds))
                 self.due_since = self.due_since or now
                 if self.inject(order[-1]):
@@ -556,6 +742,7 @@ class Soak:
         )
 
     def stop(self) -> None:
+        self.end_lasting(time.time(), every=True)  # nothing stays frozen
         self.stop_sampling.set()
         if self.store is not None:
             self.store.engine.dispose()
@@ -626,12 +813,14 @@ class Soak:
             "beat": (2 * a.tick, "dispatch resumes <= 2 ticks"),
             "redis": (2 * a.tick, "dispatch resumes <= 2 ticks after Redis and a Celery worker are back"),
             "serve": (None, "next execution after serve is back (no bound)"),
+            "freeze-serve": (None, "next execution after serve thaws (no bound)"),
+            **{k: (2 * a.tick, "dispatch resumes <= 2 ticks after it is back") for k in BACK_KINDS},
         }
         broken: list[str] = []
         crashes = ", ".join(f"{m.name} {m.crashes}" for m in self.managed if m.crashes) or "none"
         print(f"\nfaults injected: {len(self.faults)} in {self.wall:.0f}s; unplanned exits: {crashes}")
         print(
-            f"{'fault kind':16s} {'n':>4s} {'measured':>8s} {'p50':>7s} {'p99':>7s} {'bound':>6s}"
+            f"{'fault kind':20s} {'n':>4s} {'measured':>8s} {'p50':>7s} {'p99':>7s} {'bound':>6s}"
             "  verdict  recovery is"
         )
         for kind in a.kinds:
@@ -642,7 +831,7 @@ class Soak:
             bad = bound is not None and p99 is not None and p99 > bound
             if bad:
                 broken.append(f"{kind}: p99 {p99:.2f}s > {bound:.2f}s")
-            print(f"{kind:16s} {n:4d} {len(taken):8d} {_s(p50):>7s} {_s(p99):>7s} {_s(bound):>6s}  "
+            print(f"{kind:20s} {n:4d} {len(taken):8d} {_s(p50):>7s} {_s(p99):>7s} {_s(bound):>6s}  "
                   f"{'BROKEN ' if bad else 'ok     '}  {what}")  # fmt: skip
         never = [kind for kind in a.kinds if not any(f.kind == kind for f in self.faults)]
         checks = [
@@ -698,7 +887,15 @@ class Soak:
             return max(0.0, claim - t)
         if f.kind == "worker-away":
             return None if f.reoffered is None else max(0.0, f.reoffered - f.t)  # inf: never
-        if f.kind == "serve":
+        if f.kind in BACK_KINDS:
+            if f.restarted is None:
+                return None
+            # from when it was back and ready tasks met free ordinals again, to the next claim
+            back = f.restarted
+            at = next((s[0] for s in self.watch.samples if s[0] >= back and s[1] > 0 and s[2] > 0), None)
+            i = bisect.bisect_right(claim_times, back)
+            return None if at is None or i == len(claim_times) else max(0.0, claim_times[i] - at)
+        if f.kind in ("serve", "freeze-serve"):
             i = bisect.bisect_right(start_times, f.restarted or f.t)
             return None if i == len(start_times) or f.restarted is None else start_times[i] - f.restarted
         old = next((by_pid[p] for p in f.command_pids if p in by_pid), None)
@@ -779,6 +976,11 @@ def _descendants(pid: int) -> list[int]:
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
 
 
 def _killpg(pid: int) -> None:

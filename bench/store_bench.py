@@ -26,7 +26,7 @@ from unittest import mock
 
 from core.settings import Settings
 from core.validate import canonical_json, sha256
-from poolkeeper.client import envelope
+from poolkeeper.workerhost.client import envelope
 from store import Offer, PoolStore, audit, transitions
 
 T0 = 2_000_000_000.0
@@ -53,7 +53,7 @@ def store_steps(store: PoolStore) -> Steps:
 
     def expire(i: int) -> None:
         with store.session() as s:
-            transitions.expire(s, offers[i].row_id, max_attempts=3, now=T0 + 2 * LEASE)
+            transitions.expire_many(s, [offers[i].row_id], max_attempts=3, now=T0 + 2 * LEASE)
 
     def regrant(i: int) -> None:
         got = store.offer(i, owner=f"bench-{i}", now=T0 + 2 * LEASE)

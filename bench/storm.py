@@ -30,6 +30,9 @@ re-offered by:
       batches never pay the search; what that costs the healthy rows;
   (a0) the plane again with the audit trail switched off (bench/audit_off.py):
       what the trail costs it;
+  (aT) the plane with tracing on (``--trace`` runs only this beside the bases): each row
+      carries a trace context, each expiry is a span exported over OTLP/HTTP to a receiver in
+      this process (issue 30: at least 0.9 of (a));
   (c) a naive plane: one message, one lock, one connection per row.
 On SQLite and on PostgreSQL (a fresh database per run), unless ``--backends`` says less.
 Then, at the DEFAULT tick, scan and batch settings: a 100,000-row storm (rows/s
@@ -40,7 +43,7 @@ Every figure is measured in the same run as its baseline, so ratios hold on a
 noisy machine.
 
     python bench/storm.py [--rows N [N ...]] [--backends sqlite postgres] [--big N] [--rounds R] [--quick]
-                          [--modes u b b' a at a' a'' a''h a0]
+                          [--modes u b b' a at a' a'' a''h a0 aT] [--trace]
 """
 
 from __future__ import annotations
@@ -65,7 +68,9 @@ from poolkeeper.embedded import CeleryProc, RedisServer, wait_for
 from store import PoolStore, queries, transitions
 from tasks import scan
 from tasks.celery import make_app
-from tasks.plane import Plane, RedisCoordination, process_task, queue_name
+from tasks.coordination import process_task, queue_name
+from tasks.plane import Plane
+from tasks.redis_coordination import RedisCoordination
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 POISON = {
@@ -106,11 +111,13 @@ def storm(
     trigger: bool = False,
     leases: list[float] | None = None,
     history: bool = False,
+    traced: bool = False,
     **over: Any,
 ) -> tuple[Settings, PoolStore]:
     """n running rows (leases ended a minute ago unless given); those at ``poisoned`` refuse every
     change, through a trigger that every row's update runs (also with ``trigger`` and none poisoned).
-    With ``history`` the poisoned rows failed once before (``failures`` 1, their backoff run out)."""
+    With ``history`` the poisoned rows failed once before (``failures`` 1, their backoff run out).
+    With ``traced`` each row carries its run's trace context, as materialize stores it with tracing on."""
     settings = Settings(database_url=url, board_url=url, redis_url=redis_url, pool_size=max(n, 1), **over)
     store = PoolStore.from_settings(settings)
     store.migrate()
@@ -127,6 +134,7 @@ def storm(
             "lease": past if leases is None else leases[i],
             "now": past,
             "failures": int(history and i in bad),
+            "traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01" if traced else None,
         }
         for i in range(n)
     ]
@@ -136,8 +144,8 @@ def storm(
             text(
                 "INSERT INTO assignments (board, task_id, run_id, ordinal, state, attempt, fence,"
                 " lease_until, payload, payload_digest, created_at, updated_at, failures,"
-                " next_attempt_at, quarantined) VALUES ('b', :task_id, 1, :ordinal, 'running', 1,"
-                " :fence, :lease, '{}', 'x', :now, :now, :failures, 0, false)"
+                " next_attempt_at, quarantined, traceparent) VALUES ('b', :task_id, 1, :ordinal,"
+                " 'running', 1, :fence, :lease, '{}', 'x', :now, :now, :failures, 0, false, :traceparent)"
             ),
             rows,
         )
@@ -212,7 +220,7 @@ def run_store_monolithic(url: str, n: int) -> float:
     start = time.perf_counter()
     with store.session() as s:
         for row_id in (row.id for row in queries.due_expired(s, now=time.time(), limit=n)):
-            transitions.expire(s, row_id, max_attempts=settings.max_attempts, now=time.time())
+            transitions.expire_many(s, [row_id], max_attempts=settings.max_attempts, now=time.time())
     seconds = time.perf_counter() - start
     assert not running_left(store)
     store.engine.dispose()
@@ -245,10 +253,12 @@ class PlaneRun:
         redis: RedisServer,
         procs: int,
         app: str = "tasks",
+        traced: dict[str, str] | None = None,
     ):
         self.settings, self.store = settings, store
         name = f"w{uuid.uuid4().hex[:6]}"
-        worker = CeleryProc("worker", settings.env(), workdir, name, app=app, concurrency=procs)
+        env = {**settings.env(), **(traced or {})}  # OTEL_*: the worker traces (aT)
+        worker = CeleryProc("worker", env, workdir, name, app=app, concurrency=procs)
         self.worker = worker.wait_ready()
         self.plane = Plane(settings, store, None, RedisCoordination(redis.client(), settings))  # type: ignore[arg-type]
         self.app = make_app(settings)
@@ -290,12 +300,17 @@ def plane_rate(
     poisoned: Collection[int] = (),
     trigger: bool = False,
     history: bool = False,
+    traced: dict[str, str] | None = None,
 ) -> float:
-    """Healthy rows re-offered per second (a poisoned row stays out of the run once it failed)."""
+    """Healthy rows re-offered per second (a poisoned row stays out of the run once it failed).
+
+    ``traced``: the ``OTEL_*`` variables of a worker that traces, over rows that carry a trace."""
     redis.client().flushall()
     over: dict[str, Any] = {"backoff_base_seconds": 60}
-    settings, store = storm(url, n, redis.url, poisoned=poisoned, trigger=trigger, history=history, **over)
-    run = PlaneRun(workdir, settings, store, redis, procs, app)
+    settings, store = storm(
+        url, n, redis.url, poisoned=poisoned, trigger=trigger, history=history, traced=bool(traced), **over
+    )
+    run = PlaneRun(workdir, settings, store, redis, procs, app, traced)
     try:
         return (n - len(poisoned)) / run.clear()
     finally:
@@ -529,8 +544,20 @@ class Backend:
             drop_database(self.created.pop())
 
 
-MODES = ("u", "b", "b'", "a", "at", "a'", "a''", "a''h", "a0")
+MODES = ("u", "b", "b'", "a", "at", "a'", "a''", "a''h", "a0", "aT")
 BASES = ("u", "b", "a", "at")  # every ratio's denominator: always run
+
+
+_SINK: list[Any] = []
+
+
+def traced() -> dict[str, str]:
+    """``OTEL_*`` that export to one receiver in this process, started at first use (aT)."""
+    if not _SINK:
+        from poolkeeper.testing.otlp import Receiver
+
+        _SINK.append(Receiver(decode=False))
+    return dict(_SINK[0].env(delay_ms=None))
 
 
 def compare(
@@ -555,6 +582,7 @@ def compare(
             "a''": lambda: plane_rate(*fresh("ps"), n, redis, poisoned=spread),
             "a''h": lambda: plane_rate(*fresh("ph"), n, redis, poisoned=spread, history=True),
             "a0": lambda: plane_rate(*fresh("a0"), n, redis, app="bench.audit_off"),
+            "aT": lambda: plane_rate(*fresh("aT"), n, redis, traced=traced()),
         }
         for name, fn in runs.items():
             if name not in modes and name not in BASES:
@@ -581,6 +609,9 @@ def compare(
             f"(a0) plane without the audit trail                 {r:9.0f} rows/s"
             f"   audit cost = {max(0.0, 1 - a / r):.1%}"
         ),
+        "aT": lambda r: (
+            f"(aT) plane with tracing on, a span per expiry      {r:9.0f} rows/s   (aT)/(a) = {r / a:.2f}"
+        ),
     }
 
     def tax(rate: float) -> float:  # what poison costs the healthy rows, against the trigger's own run
@@ -597,7 +628,7 @@ def compare(
     )
     trigger = max(0.0, 1 - at / a)
     print(f"(at) plane, the poison's trigger on, none poisoned {at:9.0f} rows/s   trigger = {trigger:.1%}")
-    for name in ("a'", "a''", "a''h", "a0"):
+    for name in ("a'", "a''", "a''h", "a0", "aT"):
         if name in best:
             print(lines[name](best[name]))
     if naive_rows:
@@ -607,7 +638,7 @@ def compare(
             backend.clean()
         print(f"(c)  naive: message + lock + connection per row    {c:9.0f} rows/s   (c)/(b) = {c / b:.2f}")
     target = "(a)/(u) >= 1.0" if backend.name == "postgres" else "(a)/(b) >= 1.0"
-    print(f"targets: {target}, poison tax < 10%, audit cost <= 10%")
+    print(f"targets: {target}, poison tax < 10%, audit cost <= 10%, (aT)/(a) >= 0.9")
 
 
 def defaults(big: int, redis: RedisServer, fresh: Fresh) -> None:
@@ -666,7 +697,12 @@ def main() -> None:
         default=list(MODES),
         help=f"lines to run ({', '.join(BASES)} always)",
     )
+    parser.add_argument(
+        "--trace", action="store_true", help="only (aT) beside the bases: what tracing costs the plane (a)"
+    )
     args = parser.parse_args()
+    if args.trace:
+        args.modes = ["aT"]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         redis = RedisServer(root).start()

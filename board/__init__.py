@@ -18,9 +18,8 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 
 from board.faults import FlakyBoard
-from board.http import open_http
 from board.kanban import KanbanBoard
-from board.protocol import Board, BoardTask, Claim, TaskStatus
+from board.protocol import Board, BoardTask, Claim, TaskSpec, TaskStatus, add_tasks
 from core.errors import UnusableURL
 from core.settings import Settings, check_database_url
 
@@ -31,7 +30,9 @@ __all__ = [
     "BoardTask",
     "Claim",
     "FlakyBoard",
+    "TaskSpec",
     "TaskStatus",
+    "add_tasks",
     "open_board",
     "open_kanban",
     "with_faults",
@@ -49,12 +50,19 @@ def open_kanban(url: str, settings: Settings) -> Board:
     return KanbanBoard(url)
 
 
+def _open_http(url: str, settings: Settings) -> Board:
+    """``board.http.open_http``, imported only for an ``http(s):`` URL: httpx costs every CLI command."""
+    from board.http import open_http
+
+    return open_http(url, settings)
+
+
 # The fallback for the schemes pyproject.toml declares, when the package's entry points are not visible.
 BUILT_IN: dict[str, BoardOpener] = {
     "sqlite": open_kanban,
     "postgresql": open_kanban,
-    "http": open_http,
-    "https": open_http,
+    "http": _open_http,
+    "https": _open_http,
 }
 
 
@@ -71,8 +79,28 @@ def open_board(settings: Settings) -> Board:
         known = ", ".join(f"{s}:" for s in sorted({*registered, *BUILT_IN}))
         got = f"scheme {scheme + ':'!r}" if colon else "no scheme"
         raise UnusableURL(f"POOL_BOARD_URL: not a board URL of a known scheme ({known}); got {got}")
-    opener = _load(name, registered[name]) if name in registered else BUILT_IN[name]
-    return opener(url, settings)
+    if name in registered:
+        opener, where = _load(name, registered[name])
+    else:
+        opener, where = BUILT_IN[name], f"{name} (built in)"
+    return _checked(opener(url, settings), where)
+
+
+# What a backend must have: every method the protocol declares.
+BOARD_METHODS = tuple(n for n, v in vars(Board).items() if callable(v) and not n.startswith("_"))
+
+
+def _checked(opened: Board, where: str) -> Board:
+    """``opened``, unless it lacks a ``Board`` method: then one line naming each one (a backend
+    author's fix), at load rather than as an ``AttributeError`` in the middle of a command."""
+    missing = [n for n in BOARD_METHODS if not callable(getattr(opened, n, None))]
+    if missing:
+        kind = type(opened).__name__
+        raise UnusableURL(
+            f"POOL_BOARD_URL: board backend {where} opened a {kind} without the Board "
+            f"method{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+        )
+    return opened
 
 
 def _registered() -> dict[str, list[EntryPoint]]:
@@ -85,8 +113,9 @@ def _registered() -> dict[str, list[EntryPoint]]:
     return found
 
 
-def _load(scheme: str, points: list[EntryPoint]) -> BoardOpener:
-    """The opener one entry point names; two packages claiming the scheme, or a failed import, is one line."""
+def _load(scheme: str, points: list[EntryPoint]) -> tuple[BoardOpener, str]:
+    """The opener one entry point names, and how to name it; two packages claiming the scheme, or a
+    failed import, is one line."""
     where = [f"{p.name} = {p.value} (package {p.dist.name if p.dist else 'unknown'})" for p in points]
     if len(points) > 1:
         backends = "; ".join(where)
@@ -98,7 +127,7 @@ def _load(scheme: str, points: list[EntryPoint]) -> BoardOpener:
         raise UnusableURL(f"POOL_BOARD_URL: board backend {where[0]} failed to load: {problem}") from None
     if not callable(opener):
         raise UnusableURL(f"POOL_BOARD_URL: board backend {where[0]} is not callable")
-    return opener  # type: ignore[no-any-return]
+    return opener, where[0]
 
 
 def with_faults(board: Board, settings: Settings) -> Board:

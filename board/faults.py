@@ -11,9 +11,10 @@ through. It is enabled only through the ``POOL_CHAOS_*`` settings
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
-from board.protocol import Board, BoardTask, Claim, TaskStatus
+from board.protocol import Board, BoardTask, Claim, TaskSpec, TaskStatus, add_tasks
 from core.errors import TransientError
 from core.settings import default
 
@@ -95,6 +96,9 @@ class FlakyBoard:
         task_id: str | None = None,
     ) -> str:
         return self.inner.add_task(board, title, body, lane=lane, task_id=task_id)
+
+    def add_tasks(self, board: str, specs: Sequence[TaskSpec]) -> list[str]:
+        return add_tasks(self.inner, board, specs)
 
     def unblock_task(self, board: str, task_id: str) -> BoardTask:
         return self.inner.unblock_task(board, task_id)

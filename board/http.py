@@ -13,10 +13,11 @@ nothing listened). A refused compare-and-set is an answer, ``{"applied":
 false}``. 401/403 are ``Unauthenticated``/``Forbidden``; 404 ``NotFound``; any
 other 4xx about one task (get, block, complete) is that task's own
 ``CapabilityError``; elsewhere 422 is ``InvalidInput``. A 500 is
-``BoardServerError``: a bug on the board's side, recorded on the row like any
-unexpected error. A retried claim sends the same request id, so the server
-answers with the claims it already made and claims nothing twice. Requests
-are checked by the server (its 422s), not here, so both ends refuse alike.
+``BoardServerError``, named after the server's exception class and carrying its
+message: a bug on the board's side, recorded on the row like any unexpected
+error. A retried claim sends the same request id, so the server answers
+with the claims it already made and claims nothing twice. Requests are
+checked by the server (its 422s), not here, so both ends refuse alike.
 
 One pooled ``httpx.Client`` per board per process: a forked child (Celery's
 prefork workers) opens its own on first use rather than share the parent's
@@ -26,19 +27,20 @@ token is sent as ``Authorization: Bearer`` and never put in a message.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from board.protocol import Board, BoardTask, Claim, TaskStatus
-from core import validate
+from core import shapes, tracing, validate
 from core.errors import (
     CapabilityError,
     Forbidden,
@@ -50,6 +52,7 @@ from core.errors import (
     Unavailable,
     UnusableURL,
 )
+from core.fields import Document, Text
 from core.retry import RetryPolicy
 from core.settings import Settings, default
 
@@ -67,43 +70,52 @@ class Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-def _name(max_length: int, description: str) -> Any:
-    pattern = f"^{validate.NAME_RE.pattern}$"
-    return Field(min_length=1, max_length=max_length, pattern=pattern, description=description)
+NAME_PATTERN = f"^{validate.NAME_RE.pattern}$"
+TaskName = Annotated[str, Field(min_length=1, max_length=shapes.TASK_ID_CHARS, pattern=NAME_PATTERN)]
+
+
+def _name(max_length: int, description: str, *default: Any) -> Any:
+    return Field(*default, min_length=1, max_length=max_length, pattern=NAME_PATTERN, description=description)
 
 
 class ClaimRequest(Body):
-    request_id: str = _name(128, "Made by the client, one per claim; a retry of the claim sends it again.")
+    request_id: str = _name(
+        shapes.REQUEST_ID_CHARS, "Made by the client, one per claim; a retry of the claim sends it again."
+    )
     limit: int = Field(ge=0, le=validate.INT32_MAX)
-    assignee: str = Field(min_length=1, max_length=64)
-    lane: str = Field(min_length=1, max_length=64)
+    assignee: Text = Field(min_length=1, max_length=shapes.ASSIGNEE_CHARS)
+    lane: Text = Field(min_length=1, max_length=shapes.LANE_CHARS)
 
 
 class BlockRequest(Body):
-    reason: str
-    kind: str = Field(max_length=32)
-    expected_run_id: int = Field(ge=1, le=validate.INT64_MAX, description="Parks only this run.")
+    reason: Text = Field(max_length=shapes.REASON_CHARS)
+    kind: Text = Field(max_length=shapes.BLOCK_KIND_CHARS)
+    expected_run_id: int = Field(
+        ge=shapes.RUN_ID.low, le=shapes.RUN_ID.high, description="Parks only this run."
+    )
 
 
 class CompleteRequest(Body):
-    expected_run_id: int = Field(ge=1, le=validate.INT64_MAX, description="Completes only this run.")
-    result: dict[str, Any]
+    expected_run_id: int = Field(
+        ge=shapes.RUN_ID.low, le=shapes.RUN_ID.high, description="Completes only this run."
+    )
+    result: Document
 
 
 class NewTask(Body):
-    title: str
-    body: str = ""
-    lane: str = default("lane")
-    task_id: str | None = None
+    title: Text = Field(max_length=validate.MAX_DOCUMENT_BYTES)  # the run's payload bounds them together
+    body: Text = Field(default="", max_length=validate.MAX_DOCUMENT_BYTES)
+    lane: str = _name(shapes.LANE_CHARS, "The lane the task waits in.", default("lane"))
+    task_id: str | None = _name(shapes.TASK_ID_CHARS, "Made by the board when none is given.", None)
 
 
 class Reassign(Body):
-    assignee: str = Field(min_length=1, max_length=64)
-    lane: str
+    assignee: Text = Field(min_length=1, max_length=shapes.ASSIGNEE_CHARS)
+    lane: str = _name(shapes.LANE_CHARS, "The lane the new run is in.")
 
 
 class RunsRequest(Body):
-    task_ids: list[str] = Field(max_length=10_000)
+    task_ids: list[TaskName] = Field(max_length=10_000)
 
 
 class Boards(Body):
@@ -154,7 +166,18 @@ Answer = TypeVar("Answer", bound=BaseModel)
 
 
 class BoardServerError(RuntimeError):
-    """Not a PoolError on purpose: the board server failed unexpectedly (500), a bug on its side."""
+    """Not a PoolError on purpose: the board server failed unexpectedly (500), a bug on its side.
+
+    ``named`` gives the subclass named after the server's own exception class, so the row records
+    ``PoisonedTask: board: task … is poisoned`` as a database board would, not the transport's words.
+    """
+
+    @staticmethod
+    @functools.cache
+    def named(error: str) -> type[BoardServerError]:
+        if not (error.isidentifier() and error.isascii()) or error == "InternalError":
+            return BoardServerError
+        return type(error, (BoardServerError,), {"__module__": __name__})
 
 
 def open_http(url: str, settings: Settings) -> Board:
@@ -341,19 +364,24 @@ class HttpBoard:
             content = None if body is None else body.model_dump_json().encode()
         except ValueError as err:  # text JSON cannot carry (a lone surrogate), NaN: as the Kanban refuses it
             raise InvalidInput("request", f"cannot be sent as JSON: {str(err)[:200]}") from None
-        headers = {"content-type": "application/json"} if content is not None else None
+        # A call from inside a run's span (finalize, park) carries its trace to the board server.
+        headers = tracing.headers()
+        if content is not None:
+            headers["content-type"] = "application/json"
         problem, refused = "", False
         for n in range(1, self.tries + 1):
             wait = self.retry.backoff(n)
             try:
-                response = self._http().request(method, path, content=content, params=params, headers=headers)
+                response = self._http().request(
+                    method, path, content=content, params=params, headers=headers or None
+                )
             except httpx.TransportError as err:
                 problem, refused = f"{type(err).__name__}: {err}", isinstance(err, httpx.ConnectError)
             else:
                 if response.status_code < 300:
                     return self._decoded(response, path, answer)
                 if response.status_code not in RETRIED:
-                    raise self._refusal(response, task)
+                    raise self._refusal(response, path, task)
                 problem, refused = f"{response.status_code} {_said(response)[1]}", False
                 wait = max(wait, _retry_after(response))
             if n < self.tries:
@@ -370,7 +398,7 @@ class HttpBoard:
                 f" ({err.error_count()} problems, first: {err.errors()[0]['msg']})"
             ) from None
 
-    def _refusal(self, response: httpx.Response, task: str | None) -> Exception:
+    def _refusal(self, response: httpx.Response, path: str, task: str | None) -> Exception:
         status = response.status_code
         error, detail = _said(response)
         said = f"board at {self._where}: {status} {error}: {detail}"
@@ -378,8 +406,11 @@ class HttpBoard:
             return Unauthenticated(said)
         if status == Forbidden.http_status:
             return Forbidden(said)
-        if status == NotFound.http_status:
-            return NotFound(detail)
+        if status == NotFound.http_status and error == "NotFound" and detail != UNROUTED:
+            return NotFound(detail)  # the board API's own: no such board or task
+        if status in (NotFound.http_status, 405):  # no route there: POOL_BOARD_URL is not a board server
+            answers = self._what_answers()
+            return UnusableURL(f"POOL_BOARD_URL: {answers} at {self._where} ({status} on {path})")
         if task is not None and status < 500:
             return CapabilityError(f"{task}: the board refused it ({status} {error}: {detail})")
         if status == InvalidInput.http_status:
@@ -387,7 +418,27 @@ class HttpBoard:
             return InvalidInput(field, problem) if problem else InvalidInput("request", detail)
         if status < 500:
             return PoolError(said)
-        return BoardServerError(said)
+        named = BoardServerError.named(error)
+        return named(said) if named is BoardServerError else named(detail)
+
+    def _what_answers(self) -> str:
+        """What serves POOL_BOARD_URL's host, by its OpenAPI title where it has one (one try)."""
+        root = httpx.URL(self._base).copy_with(path="/openapi.json")
+        try:
+            title = self._http().get(root, timeout=2.0).json()["info"]["title"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            title = None
+        if title == shapes.BOARD_API_TITLE:
+            return f"the board API answers at {root.copy_with(path='/')}, not"
+        if title == shapes.WIRE_API_TITLE:
+            return "`poolctl serve` (the pool's wire protocol) answers, not `poolctl board serve`,"
+        if isinstance(title, str):
+            return f"{title[:80]!r} answers, not the board API of `poolctl board serve`,"
+        return "no board API (`poolctl board serve`) answers"
+
+
+# Starlette's detail for a path no route serves (the board API's own 404s name the board or task).
+UNROUTED = "Not Found"
 
 
 def _board(board: str) -> str:

@@ -19,16 +19,17 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, exc, func, insert, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 
-from board.protocol import BoardTask, Claim, TaskStatus
+from board.protocol import BoardTask, Claim, TaskSpec, TaskStatus
 from board.schema import boards, claim_requests, metadata, runs, tasks
-from core import db, validate
+from core import db, logs, shapes, validate
 from core.errors import InvalidInput, NotFound, TransientError
 from core.settings import default
 
@@ -54,7 +55,7 @@ class KanbanBoard:
         db.require_creatable(self.engine, "board")
 
     def location(self) -> str:
-        return db.mask_url(self.engine.url)
+        return logs.mask_url(self.engine.url)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -89,7 +90,7 @@ class KanbanBoard:
     ) -> list[Claim]:
         validate.integer("limit", limit, 0, validate.INT32_MAX)
         if request_id is not None:
-            validate.name("request_id", request_id, 128)
+            validate.name("request_id", request_id, shapes.REQUEST_ID_CHARS)
         now = time.time()
         with self._tx() as conn:
             if request_id is not None:
@@ -152,7 +153,7 @@ class KanbanBoard:
         high = conn.scalar(
             select(func.max(runs.c.run_id)).where(runs.c.board == board, runs.c.task_id == task_id)
         )
-        run_id = validate.integer("run_id", max(current or 0, high or 0) + 1, 1, validate.INT64_MAX)
+        run_id = validate.integer("run_id", max(current or 0, high or 0) + 1, *shapes.RUN_ID)
         claimed = conn.execute(
             update(tasks)
             .where(
@@ -186,7 +187,7 @@ class KanbanBoard:
         )
 
     def _end_run(self, board: str, task_id: str, run_id: int, status: TaskStatus, **values: Any) -> bool:
-        validate.integer("expected_run_id", run_id, 1, validate.INT64_MAX)
+        validate.integer("expected_run_id", run_id, *shapes.RUN_ID)
         now = time.time()
         with self._tx() as conn:
             changed = conn.execute(
@@ -245,32 +246,48 @@ class KanbanBoard:
         lane: str = default("lane"),
         task_id: str | None = None,
     ) -> str:
-        validate.name("board", board, 64)
-        task_id = validate.name("task_id", task_id or uuid.uuid4().hex[:12], 128)
-        validate.name("lane", lane, 64)
-        if not validate.text("title", title).strip():
-            raise InvalidInput("title", "must not be empty")
-        # Materialize's own check, at the largest run id: a task the pool would park is refused now.
-        validate.run_payload(board=board, task_id=task_id, run_id=validate.INT64_MAX, title=title, body=body)
+        [added] = self.add_tasks(board, [TaskSpec(title, body, lane, task_id)])
+        return added
+
+    def add_tasks(self, board: str, specs: Sequence[TaskSpec]) -> list[str]:
+        """Every task of ``specs``, ready, in one transaction, or none: the first one that is refused
+        (bad input, an id the board or the batch already has) names its place in the batch."""
+        validate.name("board", board, shapes.BOARD_CHARS)
+        rows: list[dict[str, Any]] = []
+        ids: set[str] = set()
         now = time.time()
-        with self._tx() as conn:
-            if conn.scalar(select(boards.c.name).where(boards.c.name == board)) is None:
-                conn.execute(insert(boards).values(name=board, created_at=now))
-            if conn.scalar(select(T.id).where(T.board == board, T.id == task_id)) is not None:
-                raise InvalidInput("task_id", f"{board}/{task_id} already exists")
-            conn.execute(
-                insert(tasks).values(
-                    board=board,
-                    id=task_id,
-                    title=title,
-                    body=body,
-                    status=TaskStatus.READY.value,
-                    lane=lane,
-                    created_at=now,
-                    updated_at=now,
-                )
+        for n, spec in enumerate(specs):
+            where = "" if len(specs) == 1 else f"task {n + 1}: "
+            try:
+                task_id = _checked(board, spec)
+            except InvalidInput as err:
+                raise InvalidInput(err.field, f"{where}{err.problem}") from None
+            if task_id in ids:
+                raise InvalidInput("task_id", f"{where}{board}/{task_id} is in the batch twice")
+            ids.add(task_id)
+            rows.append(
+                {
+                    "board": board,
+                    "id": task_id,
+                    "title": spec.title,
+                    "body": spec.body,
+                    "status": TaskStatus.READY.value,
+                    "lane": spec.lane,
+                    "created_at": now,
+                    "updated_at": now,
+                }
             )
-        return task_id
+        if not rows:
+            return []
+        with self._tx() as conn:
+            dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+            new_board = dialect.insert(boards).values(name=board, created_at=now)
+            conn.execute(new_board.on_conflict_do_nothing(index_elements=["name"]))
+            there = select(T.id).where(T.board == board, T.id.in_(sorted(ids))).limit(1)
+            if (taken := conn.scalar(there)) is not None:
+                raise InvalidInput("task_id", f"{board}/{taken} already exists")
+            conn.execute(insert(tasks), rows)
+        return [str(row["id"]) for row in rows]
 
     def unblock_task(self, board: str, task_id: str) -> BoardTask:
         """A parked task goes back to ``ready`` (its next claim gets a new run id)."""
@@ -296,7 +313,7 @@ class KanbanBoard:
 
     def reassign_task(self, board: str, task_id: str, *, assignee: str, lane: str) -> BoardTask:
         """Hand a running task to someone else: a new run starts, the old one has moved on."""
-        validate.name("lane", lane, 64)
+        validate.name("lane", lane, shapes.LANE_CHARS)
         return self._operator_move(
             board,
             task_id,
@@ -439,6 +456,19 @@ class KanbanBoard:
 
 
 REPORTED_MAX = 4096
+
+
+def _checked(board: str, spec: TaskSpec) -> str:
+    """The task's id (made up when not given), once its fields are what the pool can run."""
+    task_id = validate.name("task_id", spec.task_id or uuid.uuid4().hex[:12], shapes.TASK_ID_CHARS)
+    validate.name("lane", spec.lane, shapes.LANE_CHARS)
+    if not validate.text("title", spec.title).strip():
+        raise InvalidInput("title", "must not be empty")
+    # Materialize's own check, at the largest run id: a task the pool would park is refused now.
+    validate.run_payload(
+        board=board, task_id=task_id, run_id=shapes.RUN_ID.high, title=spec.title, body=spec.body
+    )
+    return task_id
 
 
 def _short(err: BaseException) -> str:

@@ -10,6 +10,7 @@ backend to this protocol.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -37,6 +38,16 @@ class BoardTask:
     block_reason: str | None = None
     block_kind: str | None = None
     result: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task to add (``add_tasks``): its id is made up when not given."""
+
+    title: str
+    body: str = ""
+    lane: str = default("lane")
+    task_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,3 +141,13 @@ class Board(Protocol):
     def list_runs(self, board: str, task_ids: list[str]) -> list[dict[str, Any]]:
         """Every run of these tasks, oldest first: task_id, run_id, assignee, outcome, started_at, ended_at
         (a dict each)."""
+
+
+def add_tasks(board: Board, name: str, specs: Sequence[TaskSpec]) -> list[str]:
+    """Add ``specs`` to board ``name``: in one call where the backend has ``add_tasks`` (the Kanban:
+    one transaction), else one ``add_task`` each (a backend need not have the bulk form)."""
+    bulk = getattr(board, "add_tasks", None)
+    if bulk is not None:
+        added: list[str] = bulk(name, specs)
+        return added
+    return [board.add_task(name, s.title, s.body, lane=s.lane, task_id=s.task_id) for s in specs]

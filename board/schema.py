@@ -18,6 +18,7 @@ from sqlalchemy import (
 )
 
 from board.protocol import TaskStatus
+from core import shapes
 
 metadata = MetaData(
     naming_convention={
@@ -32,7 +33,7 @@ _STATUSES = ", ".join(f"'{s.value}'" for s in TaskStatus)
 boards = Table(
     "boards",
     metadata,
-    Column("name", String(64), primary_key=True),
+    Column("name", String(shapes.BOARD_CHARS), primary_key=True),
     Column("archived", Boolean, nullable=False, server_default=false()),
     Column("created_at", Float, nullable=False),
 )
@@ -40,16 +41,16 @@ boards = Table(
 tasks = Table(
     "tasks",
     metadata,
-    Column("board", String(64), primary_key=True),
-    Column("id", String(128), primary_key=True),
+    Column("board", String(shapes.BOARD_CHARS), primary_key=True),
+    Column("id", String(shapes.TASK_ID_CHARS), primary_key=True),
     Column("title", Text, nullable=False),
     Column("body", Text, nullable=False, server_default=""),
     Column("status", String(16), nullable=False),
-    Column("assignee", String(64)),
+    Column("assignee", String(shapes.ASSIGNEE_CHARS)),
     Column("current_run_id", BigInteger),
-    Column("lane", String(64), nullable=False),
+    Column("lane", String(shapes.LANE_CHARS), nullable=False),
     Column("block_reason", Text),
-    Column("block_kind", String(32)),
+    Column("block_kind", String(shapes.BLOCK_KIND_CHARS)),
     Column("result", Text),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
@@ -63,10 +64,10 @@ tasks = Table(
 runs = Table(
     "runs",
     metadata,
-    Column("board", String(64), primary_key=True),
-    Column("task_id", String(128), primary_key=True),
+    Column("board", String(shapes.BOARD_CHARS), primary_key=True),
+    Column("task_id", String(shapes.TASK_ID_CHARS), primary_key=True),
     Column("run_id", BigInteger, primary_key=True),
-    Column("assignee", String(64)),
+    Column("assignee", String(shapes.ASSIGNEE_CHARS)),
     Column("outcome", String(16), nullable=False),
     Column("started_at", Float, nullable=False),
     Column("ended_at", Float),
@@ -79,7 +80,7 @@ runs = Table(
 claim_requests = Table(
     "claim_requests",
     metadata,
-    Column("request_id", String(128), primary_key=True),
+    Column("request_id", String(shapes.REQUEST_ID_CHARS), primary_key=True),
     Column("claims", Text, nullable=False),
     Column("created_at", Float, nullable=False),
     Index("ix_claim_requests_created_at", "created_at"),

@@ -19,7 +19,6 @@ import errno
 import functools
 import itertools
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -51,6 +50,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from core.errors import ConfigError, PoolError, TransientError, Unavailable
+from core.logs import mask_url
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 # SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20 ms... between tries, so a writer that
@@ -198,11 +198,6 @@ os.register_at_fork(after_in_child=_new_pollers_after_fork)
 def readonly(engine: Engine) -> Engine:
     """The same engine, beginning plain (shared) transactions: for reports that write nothing."""
     return engine.execution_options(readonly=True)
-
-
-def mask_url(url: str | URL) -> str:
-    """A URL fit for a message: its password, if any, replaced by ``***``."""
-    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", str(url))
 
 
 def translate(err: BaseException, what: str, url: URL | None = None) -> PoolError | None:

@@ -1,7 +1,7 @@
 """The project's exception tree. Each class carries what it means to the edges, as attributes:
 
 ``exit_code`` (what ``poolctl``, a Celery worker or beat exits with), ``http_status``
-(what ``poolctl serve`` answers, and what ``poolkeeper.client`` maps back to the class),
+(what ``poolctl serve`` answers, and what ``poolkeeper.workerhost.client`` maps back to the class),
 and ``hint`` (words put before the message on the command line). The CLI, the server,
 the console and the client read these attributes; nothing keeps a table of its own.
 What a maintenance pass does with each class (``tasks.failures.classify``) and the

@@ -22,9 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import make_url
-
+from core import logs, validate
 from core.errors import SettingsError, UnusableURL
 
 # A namespace starts every Redis key, the queue and the task names: short, no separators of its own.
@@ -66,6 +64,9 @@ def nonempty(value: str, var: str) -> None:
 
 def check_database_url(url: str, var: str) -> None:
     """A URL SQLAlchemy can parse, of a dialect it knows. The URL is not echoed: it may hold a password."""
+    from sqlalchemy import exc as sa_exc  # only here: reading the settings needs no SQLAlchemy
+    from sqlalchemy.engine import make_url
+
     nonempty(url, var)
     try:
         make_url(url).get_dialect()
@@ -117,6 +118,11 @@ def _board_token(value: str, var: str) -> None:
     _server_secret(value, var)
     if value and not (value.isascii() and value.isprintable() and " " not in value):
         raise SettingsError(f"{var}: may hold only visible ASCII characters (no spaces)")
+
+
+def _log_format(value: str, var: str) -> None:
+    if value not in logs.FORMATS:
+        raise SettingsError(f"{var}: must be one of {', '.join(logs.FORMATS)}, got {value!r}")
 
 
 SECRET_FILES = ("server_secret", "board_token")  # POOL_<NAME>_FILE may name a file holding each
@@ -223,12 +229,25 @@ class Settings:
         le=64 << 20,
         expected="1 KiB to 64 MiB",
     )
+    offer_wait_seconds: float = setting(
+        30.0,
+        "The longest an idle worker's offer waits on `serve` for a run (answered as soon as one is"
+        " assigned); keep it under a proxy's read timeout.",
+        ge=0,
+        le=validate.MAX_OFFER_WAIT_SECONDS,
+    )
     body_timeout_seconds: float = setting(
         10.0,
         "A client has this long to send each part of its body (else 408), so a slow client holds only its"
         " own connection.",
         gt=0,
         le=600,
+    )
+    log_format: str = setting(
+        "text",
+        "How every process logs: ``text`` (each process's own layout) or ``json`` (one object a line with"
+        " time, level, logger, message and the row, run, task, ordinal, fence, trace and span ids known).",
+        rule=_log_format,
     )
     chaos_board_busy_rate: float = setting(
         0.0, "Fraction of the plane's board calls failing as busy (demo, fault tests).", ge=0, lt=1
@@ -270,6 +289,19 @@ class Settings:
         All but the server secret: a child that needs it (``serve``) is handed it on purpose.
         """
         return {_var(f.name): str(getattr(self, f.name)) for f in fields(self) if not f.metadata["secret"]}
+
+
+def read_one(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """One setting alone, checked by its rule: for a process that reads no other (``poolctl worker``).
+
+    Only for a field whose rule names no other field."""
+    f = Settings.__dataclass_fields__[name]
+    var, env = _var(name), os.environ if environ is None else environ
+    raw = env.get(var)
+    value = f.default if raw is None else _parse(_utf8(raw, var).strip(), type(f.default), var)
+    if f.metadata["rule"] is not None:
+        f.metadata["rule"](value, var)
+    return value
 
 
 def read_secret_file(var: str, path: str) -> str:

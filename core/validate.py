@@ -28,6 +28,7 @@ INT64_MAX = 2**63 - 1  # a ``BigInteger`` column (and any SQLite integer)
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 MAX_ROW_ID = INT32_MAX  # a pool row id is an ``Integer`` column
 MAX_POOL_SIZE = 100_000  # POOL_SIZE's ceiling: ordinals are 0..MAX_POOL_SIZE-1 at most
+MAX_OFFER_WAIT_SECONDS = 60.0  # the longest an offer may ask to wait (the server caps it lower)
 SECRET_KEY_RE = re.compile(
     r"passw(or)?d|passphrase|secret|token|api[_-]?key|access[_-]?key|private[_-]?key"
     r"|credential|(^|[_-])auth($|[_-]|orization)|cookie|session[_-]?id",
@@ -210,3 +211,21 @@ def _child(path: str, step: str, max_len: int = 200) -> str:
     if len(path) >= max_len:
         return path if path.endswith("…") else path + "…"
     return path + step
+
+
+# C0 and C1 controls, DEL, and the bidirectional overrides that reorder what a screen shows.
+_BIDI = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A)) | {0x200E, 0x200F, 0x061C}
+
+
+def _escaped(ch: str) -> str:
+    n = ord(ch)
+    if n < 0x20 or 0x7F <= n < 0xA0:
+        return f"\\x{n:02x}"
+    return f"\\u{n:04x}" if n in _BIDI else ch
+
+
+def shown(raw: str) -> str:
+    """``raw`` as a terminal or a page may show it: each control character escaped (``\\x1b``)."""
+    if raw.isprintable() and not any(ord(c) in _BIDI for c in raw):
+        return raw
+    return "".join(_escaped(c) for c in raw)

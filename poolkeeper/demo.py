@@ -39,12 +39,13 @@ from rich.table import Table
 from sqlalchemy import text
 
 from board import Board, TaskStatus, open_board
+from core import logs
 from core.errors import InvalidInput, PoolError
 from core.settings import Settings
 from poolkeeper import operator, tokens
-from poolkeeper.client import HttpPool
 from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, supervise
 from poolkeeper.simulate import Faults, SimPool
+from poolkeeper.workerhost.client import HttpPool
 from store import PoolStore, queries
 from store.models import LIVE_STATES
 
@@ -74,9 +75,18 @@ class DemoOptions:
     board: str  # "sqlite", or "http": the plane reaches the board only through `poolctl board serve`
 
 
+def clipped(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, cut at a word's end (then "…"), never mid-word."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space].rstrip(" ;,:") if space > limit // 2 else cut) + "…"
+
+
 def demo_settings(opts: DemoOptions, workdir: Path, redis_url: str) -> Settings:
-    # Only the namespace comes from the environment: demos sharing one Redis keep apart.
-    shared = {k: v for k, v in os.environ.items() if k == "POOL_NAMESPACE"}
+    # Only the namespace (demos sharing one Redis keep apart) and the log format come from the environment.
+    shared = {k: v for k, v in os.environ.items() if k in ("POOL_NAMESPACE", "POOL_LOG_FORMAT")}
     return Settings.from_env(
         shared,
         database_url=f"sqlite:///{workdir}/pool.db",
@@ -148,6 +158,10 @@ class Demo:
             self.redis.start()
             redis_url = self.redis.url
         settings = demo_settings(self.opts, self.workdir, redis_url)
+        if (
+            settings.log_format == "json"
+        ):  # the simulated workers' warnings too; text keeps Python's bare lines
+            logs.basic("json")
         store, kanban = PoolStore.from_settings(settings), open_board(settings)
         store.migrate()
         kanban.migrate()
@@ -215,17 +229,21 @@ class Demo:
             self.redis.stop()
 
     def _watch(self, store: PoolStore, kanban: Board, started: float) -> bool:
-        with Live(console=self.console, refresh_per_second=4, transient=False) as live:
-            while True:
-                snap = snapshot(store, kanban)
-                live.update(progress_table(snap, time.monotonic() - started))
-                if snap["settled"]:
-                    return True
-                self._abandon_stuck(store, kanban)  # before the next look: it may settle the pool
-                if time.monotonic() - started > self.opts.timeout:
-                    return False
-                self.procs = supervise(self.procs, self.env, self.workdir)  # a supervisor's job
-                time.sleep(0.5)
+        try:
+            with Live(console=self.console, refresh_per_second=4, transient=False) as live:
+                while True:
+                    snap = snapshot(store, kanban)
+                    live.update(progress_table(snap, time.monotonic() - started))
+                    if snap["settled"]:
+                        return True
+                    self._abandon_stuck(store, kanban)  # before the next look: it may settle the pool
+                    if time.monotonic() - started > self.opts.timeout:
+                        return False
+                    self.procs = supervise(self.procs, self.env, self.workdir)  # a supervisor's job
+                    time.sleep(0.5)
+        finally:
+            if not self.console.is_terminal:  # Rich ends the table's last line on a terminal only
+                self.console.line()
 
     def _abandon_stuck(self, store: PoolStore, kanban: Board) -> None:
         """What an operator does with a quarantined row that holds its ordinal: ``poolctl abandon``."""
@@ -235,7 +253,7 @@ class Demo:
         for row in stuck:
             error = row.last_error or ""
             try:
-                operator.abandon(kanban, store, row.id, f"quarantined: {error[:200]}", time.time())
+                operator.abandon(kanban, store, row.id, f"quarantined: {clipped(error, 200)}", time.time())
             except PoolError:
                 continue  # busy, or settled meanwhile: looked at again next round
             self.abandoned.append((row.id, f"{row.board}/{row.task_id}", error))
@@ -255,10 +273,10 @@ class Demo:
             quarantined = queries.rows(s, quarantined=True)
         c.print(f"quarantined: {len(quarantined)}")
         for row in quarantined:
-            c.print(f"  row {row.id} {row.board}/{row.task_id}: {(row.last_error or '')[:100]}")
+            c.print(f"  row {row.id} {row.board}/{row.task_id}: {clipped(row.last_error or '', 100)}")
         c.print(f"abandoned:   {len(self.abandoned)} (quarantined rows holding an ordinal)")
         for row_id, task, error in self.abandoned:
-            c.print(f"  row {row_id} {task}: {error[:100]}")
+            c.print(f"  row {row_id} {task}: {clipped(error, 100)}")
         c.print(f"re-offers:   {snap['reoffers']}")
         c.print(
             f"worker faults injected: crashes={self.pool.stats['crashes']} hangs={self.pool.stats['hangs']}"

@@ -126,9 +126,6 @@ class CeleryProc:
                 str(concurrency),
                 "-n",
                 f"{name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
             ]
         else:
             args += ["-s", str(workdir / f"{name}-schedule")]
@@ -186,8 +183,8 @@ def supervise(procs: list[CeleryProc], env: dict[str, str], workdir: Path) -> li
     """``procs`` with every one that exited on its own replaced by a fresh one.
 
     What systemd's ``Restart=always`` or a pod's restart policy does in a deployment: a
-    Celery worker exits when it loses its broker for good (kombu cannot restore its
-    unacknowledged messages to a Redis that restarted), and late acks lose nothing.
+    Celery worker rides out a Redis restart (tasks.celery), but one may still be killed
+    or run out of broker retries, and late acks lose nothing.
     Call it every round of a watch loop; a process stopped on purpose stays stopped.
     """
     return [p.restarted(env, workdir) if p.crashed() else p for p in procs]

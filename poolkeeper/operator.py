@@ -20,7 +20,6 @@ from store.models import LIVE_STATES, TERMINAL_STATES, EventKind, RowState
 
 log = logging.getLogger("poolkeeper.operator")
 NOT_TERMINAL = tuple(s for s in RowState if s not in TERMINAL_STATES)
-DEFAULT_ABANDON_REASON = "no reason given"
 MAX_REASON_CHARS = 500
 
 

@@ -3,7 +3,7 @@
 Each takes its ordinal's assignment (``offer``, as a worker instance with its
 own ``owner`` id), heartbeats while it works and delivers a result, all through
 real envelopes, through any ``WorkerPort``: the store's Python API
-(``PoolStore``), or the wire protocol (``poolkeeper.client.HttpPool``, as the
+(``PoolStore``), or the wire protocol (``poolkeeper.workerhost.client.HttpPool``, as the
 demo does). Faults, drawn per assignment:
 - crash: the worker dies right after taking the run; its restarted self (a new
   owner) asks ``offer`` and gets the same run back at once, same attempt, under
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from core.errors import PoolError
-from poolkeeper.client import Holder, envelope
+from core.shapes import Offer
+from poolkeeper.workerhost.client import envelope
 
 
 class WorkerPort(Protocol):
@@ -34,7 +35,7 @@ class WorkerPort(Protocol):
     def pool_size(self) -> int: ...
     @property
     def lease_seconds(self) -> float: ...
-    def offer(self, ordinal: int, *, owner: str) -> Holder | None: ...
+    def offer(self, ordinal: int, *, owner: str) -> Offer | None: ...
     def heartbeat(self, envelope: Mapping[str, Any]) -> str: ...
     def accept_result(self, envelope: Mapping[str, Any]) -> str: ...
 
@@ -107,7 +108,7 @@ class SimPool:
                 continue
             self._work(offer)
 
-    def _work(self, offer: Holder) -> None:
+    def _work(self, offer: Offer) -> None:
         beat_every = self.pool.lease_seconds / 3
         remaining = self.faults.work_seconds
         while remaining > 0 and not self._stop.is_set():
@@ -122,7 +123,7 @@ class SimPool:
                 return
         self._deliver(offer)
 
-    def _deliver(self, offer: Holder) -> None:
+    def _deliver(self, offer: Offer) -> None:
         result = {
             "status": "done",
             "answer": f"{offer.task_id} on ordinal {offer.ordinal}, attempt {offer.attempt}",

@@ -9,18 +9,25 @@ had no call for longer than a lease), the ``assigned`` rows that have waited lon
 a lease, whether dispatch is paused; then board tasks by status, and from Redis each pass's last scan, beat
 liveness, the queue depth and the Celery workers and beats by their beacons
 (``tasks.liveness``; ``None`` when Redis does not answer).
+
+A dependency that does not answer leaves its part ``None`` and names the error under
+``unknown`` (``{"board": ..., "redis": ...}``): the rest is still read and shown, and
+``poolctl status`` exits 0, so a monitoring script can tell what is wrong. The store is the
+status itself: when it does not answer, there is nothing to show and the error is the answer.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import redis
 
-from board import Board
+from board import Board, BoardTask
+from core.errors import PoolError
 from core.settings import Settings
 from store import PoolStore, numbers, pause
-from store.models import LIVE_STATES, TERMINAL_STATES
+from store.models import LIVE_STATES, TERMINAL_STATES, EventKind
 from tasks import liveness
 
 
@@ -43,8 +50,14 @@ def snapshot(
 ) -> dict[str, Any]:
     with store.session(readonly=True) as s:
         found = numbers.read(s, store.pool_size)
-    board_counts = kanban.counts_by_status()
+    try:
+        kanban.require_schema()  # the board's own check: away, refusing, or not set up (one line)
+        board_counts: dict[str, int] | None = kanban.counts_by_status()
+        board_error = ""
+    except PoolError as err:  # away, busy or refusing: a bug in the backend still surfaces
+        board_counts, board_error = None, f"{type(err).__name__}: {err}"
     plane = liveness.read(client, settings, now, error=redis_error)
+    parts = (("board", board_error), ("redis", plane.error))
     oldest = found.oldest_lease_failed_at
     return {
         "rows": found.rows,
@@ -59,7 +72,9 @@ def snapshot(
         "dispatch": dispatch_view(found.dispatch, now),
         **presence_view(found, now, store.lease_seconds),
         "board": board_counts,
+        "board_error": board_error,
         **plane.as_json(now),
+        "unknown": {part: error for part, error in parts if error},
     }
 
 
@@ -129,4 +144,30 @@ def row_view(r: Any) -> dict[str, Any]:
         "quarantined": bool(r.quarantined),
         "live": r.state in {s.value for s in LIVE_STATES},
         "terminal": r.state in {s.value for s in TERMINAL_STATES},
+    }
+
+
+def row_detail(row: Any, history: list[dict[str, Any]], task: BoardTask | None) -> dict[str, Any]:
+    """What a row ran and what came of it: its payload, its result (exit code, output tails), its times.
+
+    A terminal row's payload and result are compacted away (invariant 8): ``compacted`` says so,
+    and the result shown is then the board task's, while the task is still on the row's run.
+    Times are seconds from the audit trail: ``wait`` claim to first grant, ``run`` last grant
+    to result, ``total`` claim to result (or to the row's end); None where a step is missing.
+    """
+    payload = json.loads(row.payload) if row.payload else None
+    result = json.loads(row.result) if row.result else None
+    compacted = row.state in {s.value for s in TERMINAL_STATES}
+    if result is None and task is not None and task.current_run_id == row.run_id:
+        result = task.result
+    grants = [e["at"] for e in history if e["kind"] == EventKind.GRANT]
+    results = [e["at"] for e in history if e["kind"] == EventKind.RESULT]
+    ended = results[-1] if results else (row.updated_at if compacted else None)
+    return {
+        "payload": payload,
+        "compacted": compacted,
+        "result": result,
+        "wait_seconds": grants[0] - row.created_at if grants else None,
+        "run_seconds": results[-1] - grants[-1] if grants and results else None,
+        "total_seconds": ended - row.created_at if ended is not None else None,
     }

@@ -20,15 +20,15 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
-from core import db, validate
+from core import db, shapes, validate
 from core.errors import CorruptRow, InvalidInput, PoolError, TransientError
 from core.retry import RetryPolicy
 from core.settings import Settings, default
+from core.shapes import PROTOCOL_VERSION, Offer
 from store import audit, lineage, presence, transitions, worker
 from store.envelope import Envelope
 from store.lineage import Child
 from store.models import Call, metadata
-from store.worker import PROTOCOL_VERSION, Offer
 
 __all__ = ["PROTOCOL_VERSION", "Child", "Envelope", "Offer", "PoolStore"]
 KEPT_SECONDS = 1.0  # a batch writer's connection, idle this long, goes back to the pool (``heartbeats``)
@@ -300,7 +300,7 @@ class PoolStore:
         if under is not None:
             lineage.row_of(under, "under")
         if key is not None:
-            validate.name("key", key, 128)
+            validate.name("key", key, shapes.KEY_CHARS)
         with self.session() as s:
             return lineage.register(
                 s, g, under=under, max_depth=self.lineage_max_depth, now=_now(now), key=key

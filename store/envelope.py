@@ -6,10 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from core import shapes
 from core.errors import InvalidInput
 from core.validate import (
-    INT32_MAX,
-    INT64_MAX,
     canonical_json,
     digest_field,
     document,
@@ -61,13 +60,13 @@ class Envelope:
             raise InvalidInput(label(min(extra)), "unknown field")
         result = result_document(data["payload"]) if with_result else None  # checked first, as ever
         return cls(
-            delivery_id=name("delivery_id", data["delivery_id"], 128),
-            board=name("board", data["board"], 64),
-            task_id=name("task_id", data["task_id"], 128),
-            run_id=integer("run_id", data["run_id"], 1, INT64_MAX),
+            delivery_id=name("delivery_id", data["delivery_id"], shapes.DELIVERY_ID_CHARS),
+            board=name("board", data["board"], shapes.BOARD_CHARS),
+            task_id=name("task_id", data["task_id"], shapes.TASK_ID_CHARS),
+            run_id=integer("run_id", data["run_id"], *shapes.RUN_ID),
             worker_ordinal=ordinal("worker_ordinal", data["worker_ordinal"], pool_size),
-            attempt=integer("attempt", data["attempt"], 1, INT32_MAX),
-            fence=integer("fence", data["fence"], 1, INT64_MAX),
+            attempt=integer("attempt", data["attempt"], *shapes.ATTEMPT),
+            fence=integer("fence", data["fence"], *shapes.FENCE),
             payload_digest=digest_field("payload_digest", data["payload_digest"]),
             result=result,
         )

@@ -46,7 +46,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from core import db, validate
+from core import db, shapes, validate
 from core.errors import (
     DeliveryConflict,
     InvalidInput,
@@ -119,10 +119,10 @@ class Grant:
         _check_keys(data, fields, extra)
         assert isinstance(data, Mapping)
         return cls(
-            row_id=validate.integer("row_id", data["row_id"], 1, validate.INT32_MAX),
-            attempt=validate.integer("attempt", data["attempt"], 1, validate.INT32_MAX),
-            fence=validate.integer("fence", data["fence"], 1, validate.INT64_MAX),
-            owner=validate.name("owner", data["owner"], 128),
+            row_id=validate.integer("row_id", data["row_id"], *shapes.ROW_ID),
+            attempt=validate.integer("attempt", data["attempt"], *shapes.ATTEMPT),
+            fence=validate.integer("fence", data["fence"], *shapes.FENCE),
+            owner=validate.name("owner", data["owner"], shapes.OWNER_CHARS),
         )
 
 
@@ -142,7 +142,7 @@ class Report:
         row_of(data["child_id"])
         return cls(
             child_id=data["child_id"],
-            epoch=validate.integer("epoch", data["epoch"], 1, validate.INT64_MAX),
+            epoch=validate.integer("epoch", data["epoch"], *shapes.FENCE),
             document=validate.document(key, data[key]) if key in data else None,
         )
 

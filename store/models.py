@@ -28,6 +28,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
+from core import shapes, tracing
+
 
 class RowState(StrEnum):
     ASSIGNED = "assigned"
@@ -102,14 +104,16 @@ class Assignment(Base):
     __tablename__ = "assignments"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    board: Mapped[str] = mapped_column(String(64))
-    task_id: Mapped[str] = mapped_column(String(128))
+    board: Mapped[str] = mapped_column(String(shapes.BOARD_CHARS))
+    task_id: Mapped[str] = mapped_column(String(shapes.TASK_ID_CHARS))
     run_id: Mapped[int] = mapped_column(BigInteger)
     ordinal: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16))
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     fence: Mapped[int | None] = mapped_column(BigInteger)
-    owner: Mapped[str | None] = mapped_column(String(128))  # the worker instance of the last grant
+    owner: Mapped[str | None] = mapped_column(
+        String(shapes.OWNER_CHARS)
+    )  # the worker instance of the last grant
     lease_until: Mapped[float | None] = mapped_column(Float)
     payload: Mapped[str | None] = mapped_column(Text)
     payload_digest: Mapped[str] = mapped_column(String(64))
@@ -122,6 +126,8 @@ class Assignment(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     next_attempt_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     quarantined: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # the run's trace (core.tracing), for the passes a beat scan starts later; null when tracing is off
+    traceparent: Mapped[str | None] = mapped_column(String(tracing.TRACEPARENT_CHARS))
 
     __table_args__ = (
         UniqueConstraint("board", "task_id", "run_id", name="uq_assignments_identity"),
@@ -171,7 +177,7 @@ class Delivery(Base):
 
     __tablename__ = "deliveries"
 
-    delivery_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    delivery_id: Mapped[str] = mapped_column(String(shapes.DELIVERY_ID_CHARS), primary_key=True)
     assignment_id: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(16))
     digest: Mapped[str] = mapped_column(String(64))
@@ -303,7 +309,9 @@ class OrdinalPresence(Base):
     __tablename__ = "ordinal_presence"
 
     ordinal: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    owner: Mapped[str | None] = mapped_column(String(128))  # the worker instance, when the call names one
+    owner: Mapped[str | None] = mapped_column(
+        String(shapes.OWNER_CHARS)
+    )  # the worker instance, when the call names one
     call: Mapped[str] = mapped_column(String(16))
     at: Mapped[float] = mapped_column(Float)
 

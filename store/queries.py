@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import Select, func, literal, literal_column, or_, select, tuple_
+from sqlalchemy import Connection, Select, func, literal, literal_column, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from core import validate
@@ -59,6 +59,18 @@ def _page(
     if after is not None:
         stmt = stmt.where(tuple_(*order) > tuple_(literal(after.at), literal(after.id)))
     return [Due(*row) for row in s.execute(stmt.order_by(*order).limit(limit))]
+
+
+def traceparents(
+    s: Session | Connection, row_ids: Sequence[int], *, limit: int | None = None
+) -> dict[int, str]:
+    """The stored trace context of those of ``row_ids`` that have one (``core.tracing``), up to ``limit``."""
+    found = s.execute(
+        select(Assignment.id, Assignment.traceparent)
+        .where(Assignment.id.in_(row_ids), Assignment.traceparent.is_not(None))
+        .limit(limit)
+    )
+    return {int(i): str(tp) for i, tp in found}
 
 
 def free_ordinals(s: Session, pool_size: int) -> list[int]:

@@ -23,8 +23,8 @@ from typing import Any, Literal, NamedTuple
 from sqlalchemy import Connection, delete, exc, select
 from sqlalchemy.orm import Session
 
-from core import db, validate
-from core.errors import DuplicateIdentity, InvalidInput, LostRace, OrdinalTaken
+from core import db, shapes, tracing, validate
+from core.errors import DuplicateIdentity, InvalidInput, OrdinalTaken
 from core.isolate import isolate
 from store import audit, lineage
 from store.models import TERMINAL_STATES, Assignment, ChildExecution, Delivery, EventKind, RowState
@@ -45,6 +45,7 @@ def add_run(
     pool_size: int,
     now: float,
     actor: str = audit.UNATTRIBUTED,
+    traceparent: str | None = None,
 ) -> Literal["added", "duplicate"]:
     """Record a claimed board run on a free ordinal, attempt 1, state ``assigned``.
 
@@ -53,9 +54,9 @@ def add_run(
     ended (board run ids never repeat, so this is a reused id, never a
     duplicate), or an ordinal that holds a live row, is a ``ProtocolError``.
     """
-    validate.name("board", board, 64)
-    validate.name("task_id", task_id, 128)
-    validate.integer("run_id", run_id, 1, validate.INT64_MAX)
+    validate.name("board", board, shapes.BOARD_CHARS)
+    validate.name("task_id", task_id, shapes.TASK_ID_CHARS)
+    validate.integer("run_id", run_id, *shapes.RUN_ID)
     validate.ordinal("ordinal", ordinal, pool_size)
     text = validate.document("payload", payload)
     digest = validate.sha256(text)
@@ -83,6 +84,7 @@ def add_run(
         payload_digest=digest,
         created_at=now,
         updated_at=now,
+        traceparent=tracing.valid(traceparent),  # from a message: a malformed one is dropped, not stored
     )
     try:
         with s.begin_nested():
@@ -179,19 +181,6 @@ def _not_a_refusal(err: BaseException) -> bool:
     """Only the database refusing a row is that row's: anything else (a busy store, the
     worker's time limit, a bug) ends the whole search."""
     return not isinstance(err, exc.DBAPIError) or db.is_transient(err)
-
-
-def expire(
-    s: Session | Connection, row_id: int, *, max_attempts: int, now: float, actor: str = audit.UNATTRIBUTED
-) -> Expiry:
-    """``expire_many`` of one row: the database's error if it refused the row, ``LostRace`` if
-    the row was not running with an ended lease."""
-    got = expire_many(s, [row_id], max_attempts=max_attempts, now=now, actor=actor)
-    if row_id in got.refused:
-        raise got.refused[row_id]
-    if row_id not in got.moved:
-        raise LostRace(f"expire: row {row_id} is not running with an ended lease")
-    return got.moved[row_id]
 
 
 def settle(

@@ -13,16 +13,16 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, NoReturn, cast
 
 from sqlalchemy import Connection, Table, and_, bindparam, func, literal, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from core import db, validate
+from core import db, shapes, validate
 from core.errors import CorruptRow, DeliveryConflict, LostRace, NotFound, StaleHolder, TransientError
 from core.retry import RetryPolicy
+from core.shapes import Offer
 from store import audit, bookkeeping, lineage
 from store.envelope import Envelope
 from store.models import LIVE_SQL, Assignment, Delivery, EventKind, FenceSequence, RowState
@@ -32,27 +32,6 @@ T = cast(Table, Assignment.__table__)
 _D = cast(Table, Delivery.__table__)
 _F = cast(Table, FenceSequence.__table__)
 RUNNING = RowState.RUNNING.value
-
-
-PROTOCOL_VERSION = 1  # of the grant and envelope shapes; the wire protocol reports it
-
-
-@dataclass(frozen=True)
-class Offer:
-    """A grant: an ordinal's run, as handed to the worker instance (``owner``) that asked."""
-
-    row_id: int
-    board: str
-    task_id: str
-    run_id: int
-    ordinal: int
-    owner: str
-    attempt: int
-    fence: int
-    lease_until: float
-    payload: dict[str, Any]
-    payload_digest: str
-    protocol_version: int = PROTOCOL_VERSION
 
 
 class Held(NamedTuple):
@@ -78,7 +57,7 @@ class Held(NamedTuple):
 _ROW = [T.c[name] for name in Held._fields]
 # ``LIVE_SQL`` verbatim lets SQLite use the partial unique index on the ordinal.
 _ON_ORDINAL = db.Prepared(
-    select(*_ROW, T.c.payload)
+    select(*_ROW, T.c.payload, T.c.traceparent)
     .where(T.c.ordinal == bindparam("ordinal"), text(LIVE_SQL), T.c.state != RowState.RESULT.value)
     .with_for_update()
 )
@@ -226,19 +205,19 @@ def offer(
     ordinal: only the row on ``ordinal`` is ever considered.
     """
     validate.ordinal("ordinal", ordinal, pool_size)
-    validate.name("owner", owner, 128)
+    validate.name("owner", owner, shapes.OWNER_CHARS)
     conn = db.connection_of(s)
     found = _ON_ORDINAL.run(conn, {"ordinal": ordinal}).rows
     if not found:
         return None
-    row = Held._make(found[0][:-1])
-    payload = _stored_payload(row, found[0][-1])  # before any fence: a row we cannot hand out is not granted
+    row, traced = Held._make(found[0][:-2]), found[0][-1]
+    payload = _stored_payload(row, found[0][-2])  # before any fence: a row we cannot hand out is not granted
     if row.state == RUNNING:
         assert row.fence is not None and row.lease_until is not None  # CHECK running_has_lease
         if row.lease_until < now:
             return None
         if row.owner == owner:
-            return _grant(row, owner, row.fence, row.lease_until, payload)
+            return _grant(row, owner, row.fence, row.lease_until, payload, traced)
     lineage.retire_children(conn, [row.id], now, actor=audit.by_worker(ordinal))  # the earlier grant's
     fence = mint_fence(conn)
     lease_until = now + lease_seconds
@@ -252,10 +231,13 @@ def offer(
     actor, detail = audit.by_worker(ordinal), f"owner {owner}"
     grant = audit.Event(row.id, EventKind.GRANT, actor, row.state, RUNNING, row.attempt, fence, detail)
     audit.append(conn, [grant], now=now)
-    return _grant(row, owner, fence, lease_until, payload)
+    return _grant(row, owner, fence, lease_until, payload, traced)
 
 
-def _grant(row: Held, owner: str, fence: int, lease_until: float, payload: dict[str, Any]) -> Offer:
+def _grant(
+    row: Held, owner: str, fence: int, lease_until: float, payload: dict[str, Any], traced: str | None
+) -> Offer:
+    """The grant; its ``traceparent`` is the run's (the row's) until the server's grant span replaces it."""
     return Offer(
         row_id=row.id,
         board=row.board,
@@ -268,6 +250,7 @@ def _grant(row: Held, owner: str, fence: int, lease_until: float, payload: dict[
         lease_until=lease_until,
         payload=payload,
         payload_digest=row.payload_digest,
+        traceparent=traced,
     )
 
 

@@ -1,12 +1,13 @@
-"""Gauges read at scrape time, and the worker's exporter (names documented in the README).
+"""Gauges read at scrape time, and the worker's exporter (names documented in docs/operate.md).
 
 The top floor of the metrics: rows by state, the quarantined count, the ordinals
 (free, held, held by a quarantined row), the age of the oldest ``lease_failed``
 row, the live child executions and the audit events written, whether dispatch is
-paused, and worker presence (each ordinal's last call, ordinals without a worker,
-rows waiting ``assigned`` past a lease) are read from the store (``store.numbers``,
+paused, and worker presence (each ordinal's last call, ordinals without a worker or
+busy, rows waiting ``assigned`` past a lease) are read from the store (``store.numbers``,
 what ``poolctl status`` shows); each pass's last scan, whether it is late, and the
-queue depth from Redis (``tasks.liveness``, which reads the registry of passes). The
+queue depth from Redis (``tasks.liveness``, which reads the registry of passes); the
+ready tasks from the board (the autoscaling signal with the ordinals: docs/deploy.md). The
 counters the passes bump live below, in ``tasks.metrics``, which imports nothing of
 the plane: a pass importing its counter never reaches back up here.
 """
@@ -14,12 +15,15 @@ the plane: a pass importing its counter never reaches back up here.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from board import TaskStatus, open_board
+from core.errors import PoolError
 from store import numbers
 from tasks import liveness
 
@@ -128,6 +132,37 @@ def _presence(found: numbers.PoolNumbers, now: float, lease_seconds: float) -> I
         "Rows that have waited `assigned` for longer than a lease: their ordinal's worker is missing.",
         value=len(found.waiting_assigned(now, lease_seconds)),
     )
+    states = Counter(found.worker_states(now, lease_seconds).values())
+    yield GaugeMetricFamily(
+        "poolkeeper_ordinals_busy",
+        "Ordinals whose worker holds a grant (its row is running): demand an autoscaler keeps staffed.",
+        value=states[numbers.WorkerState.BUSY],
+    )
+
+
+class BoardCollector:
+    """Demand the store cannot see yet, read from the board when Prometheus scrapes: its ready tasks.
+
+    Dispatch claims a ready task as soon as a staffed ordinal is free, so the tasks still ready
+    are those waiting for one (or for a resumed dispatch). A board that does not answer leaves
+    the gauge out (``poolkeeper_board_up`` 0); the scrape still succeeds.
+    """
+
+    def __init__(self, board: Any) -> None:
+        self.board = board
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            ready = self.board.counts_by_status()[TaskStatus.READY.value]
+        except PoolError:
+            yield GaugeMetricFamily("poolkeeper_board_up", "Whether the board answered this scrape.", value=0)
+            return
+        yield GaugeMetricFamily("poolkeeper_board_up", "Whether the board answered this scrape.", value=1)
+        yield GaugeMetricFamily(
+            "poolkeeper_ready_tasks_waiting",
+            "Ready tasks on the board: each waits for a free staffed ordinal (dispatch claims at once).",
+            value=ready,
+        )
 
 
 def _by(name: str, documentation: str, label: str, values: Mapping[str, float]) -> GaugeMetricFamily:
@@ -144,4 +179,5 @@ def start_exporter(port: int, host: str, store: Any, settings: Any) -> None:
     multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     registry.register(StoreCollector(store))
     registry.register(PlaneCollector(settings, liveness.client_for(settings)))
+    registry.register(BoardCollector(open_board(settings)))
     start_http_server(port, addr=host, registry=registry)

@@ -59,6 +59,7 @@ class Outcome(StrEnum):
     ADDED = "added"
     DUPLICATE = "duplicate"
     PARKED = "parked"
+    WAITS = "waits"  # a claim with no ordinal free: dispatch serves it first (``materialize``)
     VANISHED = "vanished"
     MOVED_ON = "moved_on"
     COLLECTED = "collected"
@@ -75,8 +76,11 @@ class Outcome(StrEnum):
 
 # No line per key for these: nothing happened, or someone else did it.
 QUIET = frozenset({Outcome.LOST_RACE, Outcome.NOTHING, Outcome.LOCK_BUSY, Outcome.CURRENT})
-# The everyday outcomes: one line per key only at DEBUG; the batch summary counts them.
-ROUTINE = frozenset({Outcome.REOFFERED, Outcome.FINALIZED, Outcome.ADDED, Outcome.COLLECTED})
+
+
+def row_ids(key: Key) -> dict[str, Any]:
+    """A row pass's key is its row id; other keys (GC's "all") name no row."""
+    return {"row_id": key} if isinstance(key, int) and not isinstance(key, bool) else {}
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,8 @@ class Pass:
     # The ordinal a key holds reserved (materialize's claims): the worker that receives the
     # key holds the reservation, and a key that does not run (lock busy) gives it back.
     reserves: Callable[[Key], int] | None = None
+    # The ids a key stands for on the log lines about it (``core.logs.bound``): a row id's row.
+    log_ids: Callable[[Key], dict[str, Any]] = row_ids
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.run_in is None):
@@ -128,6 +134,7 @@ def due_rows(pass_name: str, due: DueQuery) -> Finder:
     """
 
     def find(plane: Plane, now: float, submit: Submit) -> int:
+        plane.events.take(pass_name)  # what an event asks for from here on, the next scan finds
         limit = plane.settings.scan_limit
         enqueued = 0
         after = None

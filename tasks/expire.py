@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from sqlalchemy import Connection
 
+from core import tracing
 from store import audit, queries, transitions
 from store.models import RowState
 from tasks import metrics
@@ -35,7 +36,30 @@ def run_in(conn: Connection, plane: Plane, row_ids: list[int], now: float) -> di
     for row_id, (state, lease_until) in got.moved.items():
         observe(max(0.0, now - lease_until))
         outcomes[row_id] = Outcome.REOFFERED if state is RowState.ASSIGNED else Outcome.LEASE_FAILED
+    if tracing.enabled() and got.moved:
+        _traced(conn, {k: v for k, v in outcomes.items() if k in got.moved}, now)
     return outcomes
+
+
+def _traced(conn: Connection, moved: dict[int, Outcome | Exception], now: float) -> None:
+    """A span per expired row in its run's trace (the re-offer's grant follows in the same trace);
+    in a storm, one span for the batch linked to the first ``LINKS`` runs', at a fraction of the cost."""
+    if len(moved) > SPAN_EACH_UPTO:
+        links = list(queries.traceparents(conn, list(moved), limit=LINKS).values())
+        with tracing.span("expire batch", None, {"pool.rows": len(moved)}, links=links, start=now):
+            return
+    found = queries.traceparents(conn, list(moved))
+    for row_id, traceparent in found.items():
+        ids = {"pool.row_id": row_id, "pool.outcome": str(moved[row_id])}
+        with tracing.span("expire", traceparent, ids, start=now):
+            pass
+
+
+# Up to this many expiries in a batch, each is a span of its own run's trace (the everyday case);
+# more (a storm: a fleet died) are one span with a link to each run, so tracing costs the storm
+# what links cost (bench/storm.py --trace), not thousands of spans.
+SPAN_EACH_UPTO = 8
+LINKS = 128  # the SDK's default cap of links per span (OTEL_SPAN_LINK_COUNT_LIMIT): more would be dropped
 
 
 PASS = Pass(

@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from contextlib import suppress
+from contextlib import AbstractContextManager, nullcontext, suppress
 from enum import StrEnum
 
 from sqlalchemy.exc import DBAPIError
 
+from core import logs
 from core.db import is_transient
 from core.errors import CapabilityError, LostRace, ProtocolError, TransientError
 from core.retry import RetryPolicy
@@ -138,7 +139,8 @@ def record(
         return []
     if p.lock is not Lock.ROW:
         for key, err in failed:
-            reporter.once(p.name, p.key_name(key), describe(err), level)
+            with logs.bound(**p.log_ids(key)):
+                reporter.once(p.name, p.key_name(key), describe(err), level)
         return [settled] * len(failed)
     policy = RetryPolicy.from_settings(plane.settings)
     errors = {int(key): describe(err) for key, err in failed}
@@ -150,7 +152,8 @@ def record(
     except Exception as inner:
         if len(errors) == 1:  # this row cannot take the record (or the store is failing): report it
             [(key, err)] = failed
-            reporter.once(p.name, str(key), f"{describe(err)} (unrecorded: {inner})", logging.ERROR)
+            with logs.bound(**p.log_ids(key)):
+                reporter.once(p.name, str(key), f"{describe(err)} (unrecorded: {inner})", logging.ERROR)
             return [Outcome.FAILED]
         if not is_transient(inner):  # one row cannot take its record: each on its own, to find it
             return [o for key, err in failed for o in record(plane, p, [(key, err)], now, counts=counts)]
@@ -159,7 +162,8 @@ def record(
         for key, err in failed:
             unrecorded.setdefault(describe(err), []).append(int(key))
         for error, row_ids in unrecorded.items():
-            log.error("%s %s failed (unrecorded: %s): %s", p.name, _rows(row_ids), inner, error)
+            with _about(row_ids):
+                log.error("%s %s failed (unrecorded: %s): %s", p.name, _rows(row_ids), inner, error)
         return [Outcome.FAILED] * len(failed)
     alike: dict[tuple[str, str], list[int]] = {}  # one line per distinct report, not per row
     quarantined: dict[int, list[int]] = {}
@@ -170,9 +174,20 @@ def record(
         elif f.newly_quarantined:  # the same error again: its line says so, not the error
             quarantined.setdefault(f.failures, []).append(row_id)
     for (streak, error), row_ids in alike.items():
-        log.log(level, "%s %s failed (%s): %s", p.name, _rows(row_ids), streak, error)
+        with _about(row_ids):
+            log.log(level, "%s %s failed (%s): %s", p.name, _rows(row_ids), streak, error)
     for n, row_ids in quarantined.items():
-        log.log(
-            level, "%s %s quarantined after %d failures in a row (poolctl requeue)", p.name, _rows(row_ids), n
-        )
+        with _about(row_ids):
+            log.log(
+                level,
+                "%s %s quarantined after %d failures in a row (poolctl requeue)",
+                p.name,
+                _rows(row_ids),
+                n,
+            )
     return [Outcome.QUARANTINED if counts and got[int(k)].quarantined else settled for k, _ in failed]
+
+
+def _about(row_ids: list[int]) -> AbstractContextManager[None]:
+    """A line about one row carries its id (``core.logs``); a line about several names them in its text."""
+    return logs.bound(row_id=row_ids[0]) if len(row_ids) == 1 else nullcontext()

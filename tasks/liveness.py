@@ -8,7 +8,9 @@ no store write (SQLite has one writer), and readers (``poolctl serve``,
 ``poolctl status``) already know ``POOL_REDIS_URL``.
 
 Reader: ``read`` gives each registered pass's last scan, whether it is late
-(older than ``LATE_AFTER`` times its interval, or never seen), whether beat is
+(older than ``LATE_AFTER`` times its interval, or never seen since the plane's first
+scan, ``<POOL_NAMESPACE>:scanning-since``, that long ago: a fresh deployment's hourly gc
+is not late in its first hours), whether beat is
 alive, and the queue depth. Beat is judged from the passes that should have run
 by now: those at the tick interval (or shorter) run every tick, so beat is alive
 only while none of them is late. A pass at a longer interval (gc, hourly) is
@@ -18,33 +20,26 @@ beat just started has not run it yet. The queue depth counts messages
 waiting in ``<POOL_NAMESPACE>.maintenance`` (kombu keeps one list per priority
 step; messages a worker already holds, such as retries with a countdown, are
 not waiting). Each Celery worker and beat of the namespace stamps its own beacon
-(``tasks.plane.Beacon``); one is online while its last stamp is within ``LATE_AFTER``
+(``tasks.redis_coordination.Beacon``); one is online while its last stamp is within ``LATE_AFTER``
 beacon intervals, else gone since that stamp. When Redis does not answer every one of these is ``None``
 ("unknown") and ``error`` says why; reading never raises.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import redis
 
-from core.db import mask_url
+from core.logs import mask_url
 from core.settings import Settings
 from tasks import registry
-from tasks.plane import beacon_seconds, processes_key, queue_name, scans_key, stamped, worker_redis_url
+from tasks.coordination import processes_key, queue_lists, scanning_since_key, scans_key, worker_redis_url
+from tasks.redis_coordination import beacon_seconds, stamped
 
 LATE_AFTER = 3.0  # intervals without a scan before a pass counts as not scanning
-# kombu's Redis transport: a queue is one list per priority step, named queue + SEP + step (0: bare name)
-KOMBU_PRIORITY_SEP = "\x06\x16"
-KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 READ_TIMEOUT_SECONDS = 1.0  # a page or a scrape waits this long at most for Redis
-
-
-def queue_lists(settings: Settings) -> list[str]:
-    """The Redis lists that hold the deployment's waiting messages."""
-    queue = queue_name(settings)
-    return [queue if step == 0 else f"{queue}{KOMBU_PRIORITY_SEP}{step}" for step in KOMBU_PRIORITY_STEPS]
 
 
 @dataclass(frozen=True)
@@ -124,16 +119,18 @@ def read(client: redis.Redis | None, settings: Settings, now: float, *, error: s
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(scans_key(settings.namespace))
         pipe.hgetall(processes_key(settings.namespace))
+        pipe.get(scanning_since_key(settings.namespace))
         for name in queue_lists(settings):
             pipe.llen(name)
-        stamps, beacons, *lengths = pipe.execute()
+        stamps, beacons, since, *lengths = pipe.execute()
     except (redis.RedisError, OSError) as err:
         where = mask_url(worker_redis_url(settings))
         return PlaneHealth(unknown.scans, None, None, f"redis at {where}: {type(err).__name__}: {err}")
-    scans = []
+    scans, started = [], _number(since)
     for name, interval in intervals:
         last = _number(stamps.get(name.encode()))
-        late = last is None or now - last > LATE_AFTER * interval
+        # never scanned: late once the plane has scanned for that long (or never at all)
+        late = now - (last or started or -math.inf) > LATE_AFTER * interval
         scans.append(PassScan(name, interval, last, late))
     depth, seen = sum(int(n) for n in lengths), processes(beacons, settings, now)
     return PlaneHealth(tuple(scans), depth, beat_alive(scans, settings), None, seen)

@@ -17,23 +17,27 @@ ordinal, on evidence from the board:
   capability failure of the run itself, so park exactly that run;
 - the run already has a row that is not terminal: nothing (a duplicate); a
   terminal one means the board reused a run id: refused (``DuplicateIdentity``);
-- else add the row on the reserved ordinal; if a row holds it (an orphan waits
-  there, or the reservation was lost), on another free one, else it retries.
+- else add the row on the reserved ordinal; if a row holds it (the reservation
+  was lost), on another free one; with none free the claim waits (``waits``) for the
+  next free ordinal, which dispatch hands to waiting claims before claiming anything.
   Nothing changes on the board for a pool-side failure: a transient one (store
   or board busy, no ordinal free) is retried with the ordinal still reserved;
   when the retries run out the claim is left to reconcile, which hands it
   over again.
-Returns: ``added``, ``duplicate``, ``parked``, ``vanished`` or ``moved_on``.
+Returns: ``added``, ``duplicate``, ``parked``, ``waits``, ``vanished`` or ``moved_on``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 from board import BoardTask, TaskStatus
-from core import validate
+from core import tracing, validate
 from core.db import is_transient
 from core.errors import CapabilityError, InvalidInput, OrdinalTaken, TransientError
 from store import audit, pause, presence, queries, transitions
@@ -80,20 +84,6 @@ def reserve_free(plane: Plane, at_most: int, now: float, *, staffed_only: bool =
     return _reserve(plane, first if staffed_only else first + [o for o in free if o not in staffed], at_most)
 
 
-def reserve_busy(plane: Plane, at_most: int) -> list[int]:
-    """Reserve up to ``at_most`` ordinals that a live, healthy row holds and no claim has reserved.
-
-    For orphans (reconcile) when none is free: each waits first in line on its ordinal,
-    which dispatch cannot reserve when the row ends, so new claims never starve it.
-    """
-    if at_most <= 0:
-        return []
-    n = plane.settings.pool_size
-    with plane.store.session(readonly=True) as s:
-        skip = {*queries.free_ordinals(s, n), *queries.quarantined_ordinals(s)}
-    return _reserve(plane, [o for o in range(n) if o not in skip], at_most)
-
-
 def _reserve(plane: Plane, candidates: list[int], at_most: int) -> list[int]:
     reserved: list[int] = []
     rest = candidates
@@ -104,62 +94,151 @@ def _reserve(plane: Plane, candidates: list[int], at_most: int) -> list[int]:
     return reserved
 
 
-def hand_over(plane: Plane, runs: Sequence[Claim], ordinals: list[int], submit: Submit) -> int:
+def hand_over(plane: Plane, runs: Sequence[Claim], ordinals: list[int], submit: Submit) -> list[Claim]:
     """Submit one claim per run on its reserved ordinal; release every ordinal no claim took.
 
     A taken ordinal's reservation then stands for its claim in the queue (the worker that
-    receives the claim holds it, ``tasks.celery``), until materialize releases it.
+    receives the claim holds it, ``tasks.celery``), until materialize releases it. Returns
+    the claims submitted (one already pending is left to it).
     """
     claims = [{**run, "ordinal": o} for run, o in zip(runs, ordinals, strict=False)]
-    taken: set[int] = set()
+    sent: list[Claim] = []
     try:
-        taken = {c["ordinal"] for c in submit(PASS.name, claims)}
-        plane.coord.queue_reserved(taken)
+        sent = submit(PASS.name, claims)
+        plane.coord.queue_reserved(c["ordinal"] for c in sent)
     finally:  # a claim already pending (or a failed enqueue) leaves its ordinal free
+        taken = {c["ordinal"] for c in sent}
         plane.coord.release(o for o in ordinals if o not in taken)
-    return len(taken)
+    return sent
 
 
 def dispatch(plane: Plane, now: float, submit: Submit) -> int:
     """Claim ready tasks for the free ordinals; one dispatch at a time, plane-wide.
 
-    A slow or locked board then holds one worker, not all.
+    A slow or locked board then holds one worker, not all. Each round that has a free
+    ordinal takes the event flag (``tasks.events``) before it claims, so a task added or an
+    ordinal freed while it runs makes the dispatch go round again instead of waiting for a
+    tick; it looks once more after letting go of its lock, since a dispatch that found the
+    lock held left its work to the holder. A round with no free ordinal ends it and leaves
+    the flag standing: adds then send nothing more until an ordinal is freed (whose event
+    always sends one) or the flag lapses. Past ``MAX_ROUNDS`` the rest goes to a fresh
+    message, so a stream of adds never holds one worker for long.
     """
-    [token] = plane.coord.lock_many(["dispatch"])
-    if token is None:
-        return 0
+    handed = rounds = 0
+    while rounds < MAX_ROUNDS:
+        [token] = plane.coord.lock_many(["dispatch"])
+        if token is None:
+            return handed  # the holder goes round again for what was asked meanwhile
+        try:
+            while rounds < MAX_ROUNDS:
+                rounds += 1
+                free, n = _claim_round(plane, now, submit)
+                handed += n
+                if not free or not plane.events.asked(PASS.name):
+                    break
+        finally:
+            plane.coord.unlock_many({"dispatch": token})
+        if not free or not plane.events.asked(PASS.name):
+            return handed
+    plane.events.scan_due(PASS.name, force=True)  # still asked for: a fresh message goes on
+    return handed
+
+
+MAX_ROUNDS = 32
+
+
+def _claim_round(plane: Plane, now: float, submit: Submit) -> tuple[bool, int]:
+    """One claim for the free, staffed ordinals: (whether any was free, claims handed over).
+
+    Waiting claims (``wait``) are served first, paused or not: they are claimed already.
+    """
     try:
-        try:
-            with plane.store.session(readonly=True) as s:
-                held = pause.read(s)
-            reserved = (
-                [] if held.paused else reserve_free(plane, plane.settings.pool_size, now, staffed_only=True)
-            )
-        except TransientError as err:
-            failures.reporter.once("dispatch", "all", f"store or redis busy, next tick: {err}")
-            return 0
-        if held.paused:  # once per pause: the reporter forgets it when a claim succeeds again
-            why = f"paused by {held.actor}: {held.reason}; claiming nothing until `poolctl resume`"
-            failures.reporter.once("dispatch", "all", why, logging.INFO)
-            return 0
-        if not reserved:  # no free ordinal with a worker
-            return 0
-        try:
-            claims = plane.board.claim_ready(
-                len(reserved), assignee=plane.settings.assignee, lane=plane.settings.lane
-            )
-        except TransientError as err:
-            failures.reporter.once("dispatch", "all", f"board busy, next tick: {err}")
-            claims = []
-        except BaseException:  # a bug surfaces loudly, and frees what it reserved
-            plane.coord.release(reserved)
-            raise
-        else:
-            failures.reporter.succeeded("dispatch", "all")  # the next busy tick is news again
-        runs = [{"board": c.board, "task_id": c.task_id, "run_id": c.run_id} for c in claims]
-        return hand_over(plane, runs, reserved, submit)
-    finally:
-        plane.coord.unlock_many({"dispatch": token})
+        with plane.store.session(readonly=True) as s:
+            held = pause.read(s)
+        reserved = reserve_free(plane, plane.settings.pool_size, now, staffed_only=True)
+    except TransientError as err:
+        failures.reporter.once("dispatch", "all", f"store or redis busy, next tick: {err}")
+        return False, 0
+    if not reserved:  # no free ordinal with a worker: the flag stays for the next freed one
+        return False, 0
+    plane.events.take(PASS.name)  # what is asked for from here on is the next round's
+    asked = time.time()
+    try:
+        served, reserved = _serve_waiting(plane, reserved, submit)
+    except BaseException:  # what no claim took goes back (hand_over freed its own)
+        plane.coord.release(reserved)
+        raise
+    if held.paused:  # once per pause: the reporter forgets it when a claim succeeds again
+        plane.coord.release(reserved)
+        why = f"paused by {held.actor}: {held.reason}; claiming nothing until `poolctl resume`"
+        failures.reporter.once("dispatch", "all", why, logging.INFO)
+        return False, served
+    if not reserved:
+        return True, served
+    try:
+        claims = plane.board.claim_ready(
+            len(reserved), assignee=plane.settings.assignee, lane=plane.settings.lane
+        )
+    except TransientError as err:
+        failures.reporter.once("dispatch", "all", f"board busy, next tick: {err}")
+        claims = []
+    except BaseException:  # a bug surfaces loudly, and frees what it reserved
+        plane.coord.release(reserved)
+        raise
+    else:
+        failures.reporter.succeeded("dispatch", "all")  # the next busy tick is news again
+    runs = [{"board": c.board, "task_id": c.task_id, "run_id": c.run_id} for c in claims]
+    if not runs or not tracing.enabled():
+        return True, served + len(hand_over(plane, runs, reserved, submit))
+    # The round is a trace of its own, which its message's headers carry on; each claim is the
+    # root of its run's trace (linked to the round), which the claim carries on to its row.
+    with tracing.span("dispatch", None, {"pool.claims": len(runs)}, start=asked):
+        for r in runs:
+            r["traceparent"] = tracing.root("claim", asked, _attributes(r), links=[tracing.current()])
+        return True, served + len(hand_over(plane, runs, reserved, submit))
+
+
+def _attributes(claim: Claim) -> dict[str, Any]:
+    return {"pool.board": claim["board"], "pool.task_id": claim["task_id"], "pool.run_id": claim["run_id"]}
+
+
+def _serve_waiting(plane: Plane, reserved: list[int], submit: Submit) -> tuple[int, list[int]]:
+    """Waiting claims first, on the first reserved ordinals: (claims handed over, ordinals left).
+
+    One still pending (its own message has not finished: it may have just begun to wait)
+    waits again, in its place; a body that is not a claim is dropped, said once.
+    """
+    try:
+        bodies = plane.coord.take_waiting(len(reserved))
+    except TransientError as err:
+        failures.reporter.once("dispatch", "waiting", f"waiting claims unread this round: {err}")
+        return 0, reserved
+    waiting = [c for c in map(_claim_of, bodies) if c is not None]
+    first, rest = reserved[: len(waiting)], reserved[len(waiting) :]
+    try:
+        sent = {claim_name(c) for c in hand_over(plane, waiting, first, submit)}
+    except BaseException:
+        _wait_again(plane, waiting)
+        raise
+    _wait_again(plane, [c for c in waiting if claim_name(c) not in sent])
+    return len(sent), rest
+
+
+def _claim_of(body: str) -> Claim | None:
+    try:
+        claim = json.loads(body)
+        claim_name(claim)
+    except (ValueError, TypeError, KeyError):
+        failures.reporter.once(
+            "dispatch", "waiting", f"dropped a waiting claim that is not one: {body[:200]!r}"
+        )
+        return None
+    return claim if isinstance(claim, dict) else None
+
+
+def _wait_again(plane: Plane, claims: list[Claim]) -> None:
+    with suppress(TransientError):  # lost, it is a claimed run with no row: reconcile's
+        plane.coord.wait_for_ordinal(_bodies(claims))
 
 
 def run(plane: Plane, claim: Claim, now: float) -> Outcome:
@@ -172,7 +251,8 @@ def run(plane: Plane, claim: Claim, now: float) -> Outcome:
     """
     retried = False
     try:
-        return _materialize(plane, claim, now)
+        with tracing.span("materialize", claim.get("traceparent"), _attributes(claim)):
+            return _materialize(plane, claim, now)
     except Exception as err:
         retried = is_transient(err)
         raise
@@ -201,19 +281,41 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
         return park(plane, task, run_id, str(err))
     try:
         return add(plane, claim, ordinal(claim), payload, now)
-    except OrdinalTaken as taken:
-        # A row holds the ordinal: an orphan reserved there to wait (reserve_busy), or the
-        # reservation was lost (Redis restarted, a dead holder's lapsed, a duplicate gave it
-        # back). Any free ordinal will do; with none free the claim waits for its own, first
-        # in line (a transient failure keeps its reservation), until its retries run out.
-        # The store's unique index, not the reservation, keeps one live row per ordinal.
+    except OrdinalTaken:
+        # A row holds the ordinal: the reservation was lost (Redis restarted, a dead holder's
+        # lapsed, a duplicate gave it back). Any free ordinal will do. The store's unique
+        # index, not the reservation, keeps one live row per ordinal.
         others = reserve_free(plane, 1, now)
         if not others:
-            raise TransientError(f"{taken}, and none is free: the claim waits for it") from None
+            # It waits for the next free ordinal, whichever frees first: dispatch serves waiting
+            # claims before it claims anything new (a reservation lost with Redis, or with a
+            # holder that died, would otherwise let new claims take every ordinal that frees).
+            wait(plane, [claim])
+            return Outcome.WAITS
         try:
             return add(plane, claim, others[0], payload, now)
         finally:
             plane.coord.release(others)
+
+
+def wait(plane: Plane, claims: Sequence[Claim]) -> None:
+    """Claims with no ordinal: dispatch hands them the next free ones first (``take_waiting``).
+
+    A claim lost from there (Redis restarted) is a claimed run with no row, which reconcile
+    hands over again. Reconcile's ``seen`` is left out: evidence that old could serve a run
+    that moved on meanwhile, so a served claim reads the board afresh.
+    """
+    if not claims:
+        return
+    plane.coord.wait_for_ordinal(_bodies(claims))
+    plane.events.scan_due(PASS.name, force=True)  # an ordinal freed meanwhile serves it at once
+
+
+def _bodies(claims: Sequence[Claim]) -> dict[str, str]:
+    return {
+        claim_name(c): json.dumps({k: v for k, v in c.items() if k not in ("ordinal", "seen")})
+        for c in claims
+    }
 
 
 def add(plane: Plane, claim: Claim, on: int, payload: dict[str, Any], now: float) -> Outcome:
@@ -234,6 +336,8 @@ def add(plane: Plane, claim: Claim, on: int, payload: dict[str, Any], now: float
             pool_size=plane.settings.pool_size,
             now=now,
             actor=audit.by_pass(PASS.name),
+            # the run's root: its claim's span (or, for a claim reconcile handed over, this one)
+            traceparent=tracing.valid(claim.get("traceparent")) or tracing.current(),
         )
     return Outcome.ADDED
 
@@ -282,5 +386,6 @@ PASS = Pass(
     find=dispatch,
     run=run,
     key_name=claim_name,
+    log_ids=lambda claim: {k: claim.get(k) for k in ("task_id", "run_id", "ordinal")},
     reserves=ordinal,
 )

@@ -1,4 +1,4 @@
-"""The maintenance plane's counters (names documented in the README): a leaf the passes import.
+"""The maintenance plane's counters (names documented in docs/operate.md): a leaf the passes import.
 
 Counters and the histogram are kept in each prefork child and aggregated through
 ``PROMETHEUS_MULTIPROC_DIR`` (the Celery entry point sets it before this module

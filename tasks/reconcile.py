@@ -9,10 +9,9 @@ board's failure, or the listing's, is reported once and never stops the rest:
 2. runs the board says the pool holds (``running``, assigned to the pool, in
    the pool's lane) that have no row in any state (a retrying or
    not-yet-collected row counts) are handed to materialize on free ordinals,
-   exactly as dispatch hands over its claims; with too few free, on busy ones
-   that no claim has reserved, where each waits first in line (dispatch,
-   claiming every tick, would otherwise take every ordinal that comes free
-   before the next reconcile). A claim already pending there is left to it.
+   exactly as dispatch hands over its claims; with too few free, the rest wait
+   for the next free ones, which dispatch hands to waiting claims before it
+   claims anything new (``materialize.wait``). A claim already pending is left to it.
 Per row, under the row's lock, on fresh evidence about its exact run: the
 task vanished, its current run is another one, or it is no longer
 ``running`` → ``stale``; else the board still runs it → ``current``.
@@ -82,8 +81,8 @@ def _scan_board(plane: Plane, board: str, now: float, submit: Submit) -> int:
     orphans = _orphans(plane, board, running.values())
     if orphans:
         ordinals = materialize.reserve_free(plane, len(orphans), now)
-        ordinals += materialize.reserve_busy(plane, len(orphans) - len(ordinals))
-        enqueued += materialize.hand_over(plane, orphans, ordinals, submit)
+        enqueued += len(materialize.hand_over(plane, orphans[: len(ordinals)], ordinals, submit))
+        materialize.wait(plane, orphans[len(ordinals) :])  # the next free ordinals are theirs
     return enqueued
 
 

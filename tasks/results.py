@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 from functools import partial
 
+from core import tracing
 from core.errors import TransientError
 from store import queries
-from store.models import RowState
+from store.models import Assignment, RowState
 from tasks import evidence
 from tasks.declaration import Lock, Outcome, Pass, due_rows
 from tasks.plane import Plane
@@ -28,6 +29,11 @@ from tasks.plane import Plane
 
 def run(plane: Plane, row_id: int, now: float) -> Outcome:
     row = evidence.read_row(plane, row_id, RowState.RESULT)
+    with tracing.span("finalize", row.traceparent, {"pool.row_id": row.id, "pool.attempt": row.attempt}):
+        return _finalize(plane, row, now)
+
+
+def _finalize(plane: Plane, row: Assignment, now: float) -> Outcome:
     result = json.loads(row.result or "")
     if result["status"] == "blocked":
         applied = plane.board.block_task(row.board, row.task_id, str(result["reason"]), "worker", row.run_id)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection
 
-from core import db
+from core import db, logs
 from core.errors import ProtocolError, TransientError
 from core.isolate import isolate
 from tasks import failures, metrics, registry
@@ -62,17 +62,19 @@ class BatchResult:
         reported = failures.reporter.has(self.p.name)
         if not set(counts) - QUIET and not reported:
             return  # the everyday case of a storm: nothing to name, nothing to forget
-        named: dict[Outcome, list[str]] = {}
+        named: dict[Outcome, list[Key]] = {}
         for key, outcome in self.done:
             if outcome in UNSETTLED:
                 continue  # tasks.failures reported it, once, with its error
-            name = self.p.key_name(key)
             if outcome not in QUIET:
-                named.setdefault(outcome, []).append(name)
+                named.setdefault(outcome, []).append(key)
             if reported:
-                failures.reporter.succeeded(self.p.name, name)
-        for outcome, names in named.items():
-            log.info("%s %s: %s", self.p.name, failures.listed(names), outcome)
+                failures.reporter.succeeded(self.p.name, self.p.key_name(key))
+        for outcome, keys in named.items():
+            with logs.bound(**(self.p.log_ids(keys[0]) if len(keys) == 1 else {})):  # one key: its ids
+                log.info(
+                    "%s %s: %s", self.p.name, failures.listed([self.p.key_name(k) for k in keys]), outcome
+                )
 
 
 # Outcomes that leave the key's failure streak open: its report is not forgotten.
@@ -155,15 +157,16 @@ def _give_back(plane: Plane, reserves: Callable[[Key], int], keys: list[Key]) ->
 
 def _run_alone(plane: Plane, p: Pass, key: Key, now: float, result: BatchResult, abort: Abort) -> None:
     assert p.run is not None
-    try:
-        outcome = p.run(plane, key, now)
-    except abort:
-        raise
-    except Exception as err:
-        if failures.classify(err) is ErrorClass.TRANSIENT:
-            result.transient.append((key, err))
-            return
-        outcome = failures.handle(plane, p, key, err, now)
+    with logs.bound(**p.log_ids(key)):  # what the pass and its failure log is about this key
+        try:
+            outcome = p.run(plane, key, now)
+        except abort:
+            raise
+        except Exception as err:
+            if failures.classify(err) is ErrorClass.TRANSIENT:
+                result.transient.append((key, err))
+                return
+            outcome = failures.handle(plane, p, key, err, now)
     result.finish(key, outcome)
 
 

@@ -26,7 +26,8 @@ from store import PoolStore
 from store.models import Assignment, RowState
 from store.models import metadata as store_metadata
 from tasks import failures
-from tasks.plane import LocalCoordination, Plane
+from tasks.coordination import LocalCoordination
+from tasks.plane import Plane
 from tests import properties
 from tests.factories import NOW, RowFactory
 from tests.helpers import staff

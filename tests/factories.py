@@ -15,8 +15,8 @@ from sqlalchemy import text
 
 from board import Board
 from core.settings import Settings
-from poolkeeper import client
 from poolkeeper.embedded import ServeProc
+from poolkeeper.workerhost import client
 from store import Offer, PoolStore, queries
 from tasks import registry, runner, scan
 from tasks.plane import Plane
@@ -92,6 +92,16 @@ def claimed(plane: Plane, kanban: Board, n: int = 1, board: str = "b") -> list[i
         return [r.id for r in queries.rows(s)][-n:]
 
 
+def claim_on_a_taken_ordinal(plane: Plane, kanban: Board, task_id: str) -> dict[str, Any]:
+    """Every ordinal busy (3 rows), and a claim of ``task_id`` for the first row's ordinal, as one
+    whose reservation was lost (Redis restarted) finds it."""
+    rows = claimed(plane, kanban, n=3)
+    kanban.add_task("b", task_id, task_id=task_id)
+    [claim] = kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
+    taken = row_state(plane.store, rows[0])["ordinal"]
+    return {"board": "b", "task_id": task_id, "run_id": claim.run_id, "ordinal": taken}
+
+
 def running_row(plane: Plane, kanban: Board) -> int:
     """Given one claimed task whose row its ordinal's worker holds: the row id."""
     [row] = claimed(plane, kanban)
@@ -108,20 +118,29 @@ def lease_failed_row(plane: Plane, kanban: Board) -> int:
     return row
 
 
+def holder_envelope(store: PoolStore, row: int, delivery_id: str, **extra: Any) -> dict[str, Any]:
+    """The envelope the row's current holder would send (``extra``: ``payload`` for a result)."""
+    r = row_state(store, row)
+    return {
+        "delivery_id": delivery_id,
+        "board": r["board"],
+        "task_id": r["task_id"],
+        "run_id": r["run_id"],
+        "worker_ordinal": r["ordinal"],
+        "attempt": r["attempt"],
+        "fence": r["fence"],
+        "payload_digest": r["payload_digest"],
+        **extra,
+    }
+
+
 def deliver(plane: Plane, row: int, payload: dict[str, Any]) -> None:
     """The row's holder delivers ``payload`` as its result."""
-    r = row_state(plane.store, row)
-    plane.store.accept_result(
-        {
-            "delivery_id": f"r{row}",
-            "board": r["board"],
-            "task_id": r["task_id"],
-            "run_id": r["run_id"],
-            "worker_ordinal": r["ordinal"],
-            "attempt": r["attempt"],
-            "fence": r["fence"],
-            "payload_digest": r["payload_digest"],
-            "payload": payload,
-        },
-        now=NOW,
-    )
+    plane.store.accept_result(holder_envelope(plane.store, row, f"r{row}", payload=payload), now=NOW)
+
+
+def one_worker_for_three_ordinals(store: PoolStore) -> None:
+    """POOL_SIZE=3, runs on every ordinal, and one worker, on ordinal 0, that took its run."""
+    for ordinal in range(3):
+        store.add_run(board="b", task_id=f"t{ordinal}", run_id=1, ordinal=ordinal, payload={}, now=NOW)
+    assert store.offer(0, owner=OWNER, now=NOW) is not None

@@ -22,8 +22,9 @@ from sqlalchemy import text
 from board import Board, TaskStatus
 from core.settings import Settings
 from poolkeeper import tokens
+from poolkeeper.boardserver import app as board_api
 from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, supervise, wait_for
-from poolkeeper.server import board_api, serve
+from poolkeeper.http import serving
 from store import PoolStore, presence, queries
 from store.models import Call
 
@@ -31,25 +32,33 @@ POOLCTL = [sys.executable, "-c", "from poolkeeper.cli import main; main()"]
 
 # --- poolctl commands (tests/cli/, and wherever a test runs one) -------------------
 
-USAGE, UNAVAILABLE, BUSY, CONFIG = 2, 69, 75, 78  # poolctl's exit codes (README, "Exit codes")
+USAGE, UNAVAILABLE, BUSY, CONFIG = 2, 69, 75, 78  # poolctl's exit codes (docs/operate.md, the exit codes)
 
 
-def poolctl(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def poolctl(
+    tmp: Path, *args: str, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """``poolctl args`` over the SQLite files in ``tmp``, with a pool of 2 and the caller's Redis."""
+    return subprocess.run(
+        [*POOLCTL, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        env=poolctl_env(tmp, env),
+        timeout=600,
+    )
+
+
+def poolctl_env(tmp: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """What ``poolctl`` runs with: the SQLite files in ``tmp``, a pool of 2, and ``env`` on top."""
     base = {
         **os.environ,
         "POOL_DATABASE_URL": f"sqlite:///{tmp}/pool.db",
         "POOL_BOARD_URL": f"sqlite:///{tmp}/board.db",
         "POOL_SIZE": "2",
     }
-    return subprocess.run(
-        [*POOLCTL, *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp,
-        env={**base, **(env or {})},
-        timeout=600,
-    )
+    return {**base, **(env or {})}
 
 
 def run(
@@ -109,10 +118,18 @@ def state_dir(server: ServeProc) -> Path:
 
 
 def worker(
-    server: ServeProc, command: str, *extra: str, ordinal: int = 0, token: str | None = None
+    server: ServeProc,
+    command: str,
+    *extra: str,
+    ordinal: int = 0,
+    token: str | None = None,
+    call: str | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.Popen[str]:
+    """``poolctl worker`` running ``command``, or (``call``) the Python callable, from ``cwd``."""
+    runs = ["--call", call] if call is not None else ["--command", command]
     return subprocess.Popen(
-        [*POOLCTL, "worker", "--ordinal", str(ordinal), "--command", command, "--url", server.url, *extra],
+        [*POOLCTL, "worker", "--ordinal", str(ordinal), *runs, "--url", server.url, *extra],
         env={
             **os.environ,
             "POOL_WORKER_TOKEN": token or tokens.ordinal_token(SECRET, ordinal),
@@ -122,6 +139,7 @@ def worker(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        cwd=cwd,
     )
 
 
@@ -229,19 +247,27 @@ def make_settings(tmp: Path, redis_url: str, **over: Any) -> Settings:
 BOARD_TOKEN = "b7d1e0c4a9f3568e2d7c1b0a4f9e3d8c"
 
 
-class BoardServer:
-    """The board API over ``board``, served by uvicorn in a thread on a free loopback port."""
+class AppServer:
+    """An ASGI app served by uvicorn in a thread on a free loopback port."""
 
-    def __init__(self, settings: Settings, board: Board) -> None:
-        sock = serve.bind("127.0.0.1", 0)
+    def __init__(self, settings: Settings, app: Any) -> None:
+        sock = serving.bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        app = board_api.create_board_app(settings, board, local_only=not settings.board_token)
-        self.server = serve.guarded(app, settings, False, 64, 64)
+        self.server = serving.guarded(app, settings, False, 64, 64)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
-        wait_for("the board server to start", lambda: self.server.started, 10, every=0.01)
+        wait_for("the server to start", lambda: self.server.started, 10, every=0.01)
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(15)
-        assert not self.thread.is_alive(), "the board server did not stop"
+        assert not self.thread.is_alive(), "the server did not stop"
+
+
+class BoardServer(AppServer):
+    """The board API over ``board`` (``poolctl board serve``'s app)."""
+
+    def __init__(self, settings: Settings, board: Board) -> None:
+        super().__init__(
+            settings, board_api.create_board_app(settings, board, local_only=not settings.board_token)
+        )

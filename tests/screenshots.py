@@ -1,4 +1,4 @@
-"""Screenshots of the console for the README: ``python -m tests.screenshots [OUTDIR]`` (default ``docs/``).
+"""Screenshots of the console for docs/console.md: ``python -m tests.screenshots [OUTDIR]`` (default docs/).
 
 Seeds a small pool through the real code paths (board tasks claimed and
 materialized by ``maintain_once`` over a Redis of its own, grants, a row
@@ -25,7 +25,8 @@ from poolkeeper.embedded import RedisServer, ServeProc, wait_for
 from store import PoolStore, queries
 from tasks import failures, registry
 from tasks.maintain import maintain_once
-from tasks.plane import Beacon, Plane, RedisCoordination
+from tasks.plane import Plane
+from tasks.redis_coordination import Beacon, RedisCoordination
 from tests import browser
 from tests.helpers import DAY, staff
 

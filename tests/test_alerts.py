@@ -32,7 +32,7 @@ from poolkeeper.embedded import ROOT, CeleryProc, RedisServer, ServeProc, free_p
 from store import PoolStore
 from store.models import RowState
 from tasks import collectors, registry
-from tasks.plane import RedisCoordination
+from tasks.redis_coordination import RedisCoordination
 from tests.factories import NOW
 from tests.helpers import make_settings
 

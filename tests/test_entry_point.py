@@ -19,7 +19,7 @@ from core.settings import Settings
 from poolkeeper.embedded import ROOT, CeleryProc, RedisServer, free_port, wait_for
 from poolkeeper.simulate import Faults, SimPool
 from store import PoolStore
-from tasks.plane import process_task, queue_name
+from tasks.coordination import process_task, queue_name
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import SettingsError
-from core.settings import Settings, default
+from core.settings import Settings, _var, default, read_one
 
 
 def test_defaults_are_the_reference_deployment() -> None:
@@ -40,6 +40,8 @@ def test_environment_is_parsed_by_field_type() -> None:
         ("POOL_NAMESPACE", "n" * 33, "POOL_NAMESPACE: must be 1 to 32 letters"),
         ("POOL_LINEAGE_MAX_DEPTH", "0", "POOL_LINEAGE_MAX_DEPTH: must be between 1 and 64"),
         ("POOL_LINEAGE_MAX_DEPTH", "65", "POOL_LINEAGE_MAX_DEPTH: must be between 1 and 64"),
+        ("POOL_LOG_FORMAT", "JSON", "POOL_LOG_FORMAT: must be one of text, json, got 'JSON'"),
+        ("POOL_LOG_FORMAT", "", "POOL_LOG_FORMAT: must be one of text, json, got ''"),
     ],
 )
 def test_bad_values_name_the_variable(var: str, value: str, message: str) -> None:
@@ -93,6 +95,15 @@ def test_every_setting_documents_itself_beside_its_rule() -> None:
         assert f.metadata["doc"].strip(), f"{f.name} has no doc"
 
 
+def test_every_setting_has_its_configuration_row() -> None:
+    """docs/configuration.md names every variable in its table (docs/how-to-add.md, "A setting")."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    table = page.split("\n| variable |", 1)[1].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `POOL_")]
+    missing = [_var(f.name) for f in fields(Settings) if not any(f"`{_var(f.name)}`" in r for r in rows)]
+    assert missing == [], "settings without a row in docs/configuration.md's table"
+
+
 def test_replace_and_keyword_construction_are_validated_like_the_environment() -> None:
     with pytest.raises(SettingsError, match=r"^POOL_SIZE: must be between 1 and 100000, got 0$"):
         replace(Settings(), pool_size=0)
@@ -112,3 +123,11 @@ def test_a_bound_set_by_another_setting_names_that_variable() -> None:
 def test_a_default_is_stated_once_and_read_by_name() -> None:
     s = Settings()
     assert all(default(f.name) == getattr(s, f.name) for f in fields(Settings))
+
+
+def test_one_setting_is_read_alone_by_its_own_rule() -> None:
+    """``poolctl worker`` reads POOL_LOG_FORMAT and nothing else: another variable's bad value is not its."""
+    assert read_one("log_format", {"POOL_SIZE": "zero"}) == "text"
+    assert read_one("log_format", {"POOL_LOG_FORMAT": " json "}) == "json"
+    with pytest.raises(SettingsError, match=r"^POOL_LOG_FORMAT: must be one of text, json, got 'xml'$"):
+        read_one("log_format", {"POOL_LOG_FORMAT": "xml"})

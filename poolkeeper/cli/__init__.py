@@ -1,31 +1,36 @@
 """``poolctl``: the operator's command line.
 
 Every failure is one line on stderr and the exit code its error class carries
-(``core.errors``, ``exit_code``; the table in ``EPILOG``, README "Operate" and
+(``core.errors``, ``exit_code``; the table in ``EPILOG``, docs/operate.md and
 docs/design.md section 6), never a traceback unless
 ``POOLCTL_DEBUG=1``. Only ``init`` creates a database.
+
+Importing this package loads nothing but the standard library: ``poolctl --version`` is
+answered before typer is imported, and each command imports what it needs when it runs
+(tests/cli/test_cli_start.py; ``bench/cli_start.py`` times it).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import traceback
 
-import typer
+from poolkeeper import __version__
 
-from core import validate
-from core.errors import InvalidInput, exit_code
-
-# Importing the group modules registers their commands on ``app``.
-from poolkeeper.cli import board_cmds, render, store_cmds, wire_cmds  # noqa: F401
-from poolkeeper.cli.base import _fail, app
-
-__all__ = ["app", "main"]
+__all__ = ["main"]
 
 
 def main() -> None:
     """Entry point: every failure is one line on stderr and the exit code its class carries."""
+    if sys.argv[1:] == ["--version"]:
+        print(f"poolctl {__version__}")
+        sys.exit(0)
+    import typer
+
+    # Importing the group modules registers their commands on ``app``.
+    from poolkeeper.cli import board_cmds, render, store_cmds, wire_cmds  # noqa: F401
+    from poolkeeper.cli.base import _fail, app
+
     render.flags_without_types()
     try:
         _require_utf8(sys.argv[1:])
@@ -44,6 +49,10 @@ def main() -> None:
 
 
 def _exit_code(err: Exception) -> tuple[int, str]:
+    import traceback
+
+    from core.errors import exit_code
+
     if os.environ.get("POOLCTL_DEBUG"):
         traceback.print_exc()
     if (ours := exit_code(err)) is not None:
@@ -53,6 +62,9 @@ def _exit_code(err: Exception) -> tuple[int, str]:
 
 def _require_utf8(args: list[str]) -> None:
     """Arguments the databases can hold: a non-UTF-8 byte arrives as a lone surrogate."""
+    from core import validate
+    from core.errors import InvalidInput
+
     for i, arg in enumerate(args):
         try:
             validate.text("argument", arg)

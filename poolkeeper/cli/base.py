@@ -1,25 +1,30 @@
 """What every command group shares: the app, the console, the settings, the store and the board.
 
-One place to open them, so each group module holds only its commands.
+One place to open them, so each group module holds only its commands. What costs to import
+(SQLAlchemy, the store, the board, a server) waits for the command that needs it, so
+``poolctl --help`` starts at once (tests/cli/test_cli_start.py holds every group module to it).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
+import os
 import sys
-from typing import Annotated, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-from rich.tree import Tree
 
-from board import Board, open_board
-from core import db
-from core.settings import Settings
-from store import PoolStore
+from poolkeeper import __version__
+
+if TYPE_CHECKING:
+    from rich.table import Table
+    from rich.text import Text
+    from rich.tree import Tree
+
+    from board import Board
+    from core.settings import Settings
+    from store import PoolStore
 
 # Each error class carries its code (core.errors); anything else is an internal error (exit 1).
 EPILOG = """Exit codes:
@@ -44,7 +49,12 @@ app = typer.Typer(
 )
 board_app = typer.Typer(no_args_is_help=True, help="The built-in Kanban board.")
 app.add_typer(board_app, name="board")
+# A pipe has no width: Rich would fold every long value at 80 columns, so a pipe gets lines as long
+# as they are (COLUMNS still sets a width). Tables are no wider than their cells.
+PIPE_WIDTH = 1 << 14
 out = Console()
+if not out.is_terminal and not os.environ.get("COLUMNS"):
+    out.width = PIPE_WIDTH
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")]
 # The options of both servers (`serve`, `board serve`).
@@ -62,6 +72,8 @@ MaxPerClientOpt = Annotated[
 
 
 def _settings() -> Settings:
+    from core.settings import Settings
+
     return Settings.from_env()
 
 
@@ -71,6 +83,9 @@ Access = Literal["read", "write", "create"]
 
 
 def _store(access: Access = "read") -> PoolStore:
+    from core import db
+    from store import PoolStore
+
     store = PoolStore.from_settings(_settings())
     if access == "create":
         db.require_creatable(store.engine, "pool store")
@@ -80,6 +95,8 @@ def _store(access: Access = "read") -> PoolStore:
 
 
 def _kanban(access: Access = "read") -> Board:
+    from board import open_board
+
     kanban = open_board(_settings())
     if access == "create":
         kanban.require_creatable()
@@ -97,11 +114,7 @@ def _emit(data: Any, table: Table | Tree | Text | str, as_json: bool) -> None:
 
 def _version(value: bool) -> None:
     if value:
-        try:
-            version = importlib.metadata.version("poolkeeper")
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown (not installed)"
-        out.print(f"poolctl {version}")
+        out.print(f"poolctl {__version__}")
         raise typer.Exit()
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from board import TaskStatus
+if TYPE_CHECKING:
+    from board import TaskSpec
+
 from core.errors import InvalidInput, NotFound
-from poolkeeper import operator
 from poolkeeper.cli import render
 from poolkeeper.cli.base import (
     AccessLogOpt,
@@ -31,33 +34,86 @@ from poolkeeper.cli.base import (
 @board_app.command("add")
 def board_add(
     board: str,
-    title: str,
+    title: Annotated[str | None, typer.Argument(show_default=False)] = None,
     body: Annotated[str, typer.Option(help="Task body.")] = "",
     lane: Annotated[
         str | None, typer.Option(help="Lane (default: the pool's, POOL_LANE); the pool claims no other.")
     ] = None,
     task_id: Annotated[str | None, typer.Option("--id", help="Task id (default: generated).")] = None,
+    from_: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="Add many tasks in one transaction: a JSON-lines file ('-': standard input), one task a"
+            ' line: {"title": ..., "body": ..., "lane": ..., "id": ...}; only "title" is needed.',
+        ),
+    ] = None,
 ) -> None:
-    """Add a ready task."""
-    pool_lane = _settings().lane
-    lane = pool_lane if lane is None else lane
-    out.print(render.line("{}", _kanban("write").add_task(board, title, body, lane=lane, task_id=task_id)))
-    if lane != pool_lane:
+    """Add a ready task (or, with --from, many); prints each new task's id, one a line."""
+    from board import TaskSpec, add_tasks
+    from poolkeeper.events import events_for, task_ready
+
+    settings = _settings()
+    pool_lane = settings.lane
+    if (title is None) == (from_ is None):
+        raise InvalidInput("title", "give a TITLE, or --from FILE for many tasks, not both")
+    if from_ is None:
+        assert title is not None
+        specs = [TaskSpec(title, body, pool_lane if lane is None else lane, task_id)]
+    else:
+        if body or task_id is not None:
+            raise InvalidInput("--from", "--body and --id are per task there: give them in each line")
+        specs = _specs(from_, pool_lane if lane is None else lane)
+    added = add_tasks(_kanban("write"), board, specs)
+    task_ready(events_for(settings))
+    for task in added:
+        out.print(render.line("{}", task))
+    for other in sorted({s.lane for s in specs} - {pool_lane}):
         note = render.line(
-            "lane '{}' is not the pool's lane ('{}'): the pool will never claim it", lane, pool_lane
+            "lane '{}' is not the pool's lane ('{}'): the pool will never claim it", other, pool_lane
         )
         print(f"poolctl: note: {note.plain}", file=sys.stderr)
+
+
+def _specs(path: str, lane: str) -> list[TaskSpec]:
+    """The tasks of a JSON-lines file (``-``: standard input); a bad line is refused by its number."""
+    from board import TaskSpec
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidInput("--from", f"cannot read {path}: {err}") from None
+    specs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InvalidInput("--from", f"line {n}: not JSON ({err.msg})") from None
+        if not isinstance(item, dict) or not isinstance(item.get("title"), str):
+            raise InvalidInput("--from", f'line {n}: an object with a "title" string is needed')
+        unknown = sorted(set(item) - {"title", "body", "lane", "id"})
+        if unknown:
+            raise InvalidInput("--from", f"line {n}: unknown field(s) {', '.join(unknown)}")
+        fields = {k: item.get(k) for k in ("body", "lane", "id")}
+        if not all(v is None or isinstance(v, str) for v in fields.values()):
+            raise InvalidInput("--from", f"line {n}: body, lane and id are strings")
+        specs.append(TaskSpec(item["title"], fields["body"] or "", fields["lane"] or lane, fields["id"]))
+    return specs
 
 
 @board_app.command("list")
 def board_list(
     board: Annotated[str | None, typer.Argument()] = None,
     status_: Annotated[
-        str | None, typer.Option("--status", help="Only tasks in this status: " + ", ".join(TaskStatus))
+        str | None, typer.Option("--status", help="Only tasks in this status: ready, running, blocked, done.")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List tasks."""
+    from board import TaskStatus
+
     kanban = _kanban()
     if board is not None and not kanban.has_board(board):
         raise NotFound(f"{board}: no such board")
@@ -86,9 +142,37 @@ def board_list(
     _emit(data, render.tasks(found, out.width), as_json)
 
 
+@board_app.command("show")
+def board_show(board: str, task_id: str, as_json: JsonOpt = False) -> None:
+    """One task: its body, its result (exit code, output tails), and each run with its pool row."""
+    from store import queries
+
+    kanban = _kanban()
+    task = kanban.get_task(board, task_id)
+    if task is None:
+        raise NotFound(f"{board}/{task_id}: no such task")
+    runs = kanban.list_runs(board, [task_id])
+    with _store().session(readonly=True) as s:
+        rows = {r.run_id: r.id for r in queries.rows_of_tasks(s, board, [task_id])}
+    data = {
+        "board": task.board,
+        "id": task.id,
+        "title": task.title,
+        "status": task.status.value,
+        "lane": task.lane,
+        "body": task.body,
+        "block_reason": task.block_reason,
+        "result": task.result,
+        "runs": [{**run, "row": rows.get(run["run_id"])} for run in runs],
+    }
+    _emit(data, render.task_detail(data), as_json)
+
+
 @board_app.command("cancel")
 def board_cancel(board: str, task_id: str) -> None:
     """End a task for good (done, result {"cancelled": true}); its pool row goes stale at once."""
+    from poolkeeper import operator
+
     got = operator.cancel(_kanban("write"), _store("write"), board, task_id, time.time())
     if got.settled is not None:
         pool = f"row {got.settled.row_id} ({got.settled.was}) is stale: its worker is fenced out"
@@ -102,7 +186,10 @@ def board_cancel(board: str, task_id: str) -> None:
 @board_app.command("unblock")
 def board_unblock(board: str, task_id: str) -> None:
     """Put a parked task back to ready."""
+    from poolkeeper.events import events_for, task_ready
+
     _kanban("write").unblock_task(board, task_id)
+    task_ready(events_for(_settings()))
     out.print(render.line("{}/{} ready", board, task_id))
 
 
@@ -119,8 +206,10 @@ def board_serve(
     max_connections_per_client: MaxPerClientOpt = 256,
 ) -> None:
     """Serve the board at POOL_BOARD_URL over the board API (docs/board-api.md): /v1, /healthz, /readyz."""
-    from poolkeeper.server import board_api
+    from core import tracing
+    from poolkeeper.boardserver import app as board_api
 
+    tracing.setup("poolkeeper-board")
     board_api.run(
         _settings(),
         host=host,

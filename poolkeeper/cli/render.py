@@ -11,34 +11,25 @@ cursor. Ids are never cut: their columns do not wrap and keep their whole width.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from board import BoardTask
+from core import validate
 
-# C0 and C1 controls, DEL, and the bidirectional overrides that reorder what a terminal shows.
-_BIDI = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A)) | {0x200E, 0x200F, 0x061C}
-
-
-def _escaped(ch: str) -> str:
-    n = ord(ch)
-    if n < 0x20 or 0x7F <= n < 0xA0:
-        return f"\\x{n:02x}"
-    return f"\\u{n:04x}" if n in _BIDI else ch
+if TYPE_CHECKING:
+    from board import BoardTask
 
 
 def safe(value: object, style: str = "") -> Text:
     """``value`` as plain text for the terminal: no markup, no control character it did not make."""
-    raw = "" if value is None else str(value)
-    if raw.isprintable() and not any(ord(c) in _BIDI for c in raw):
-        return Text(raw, style=style)
-    return Text("".join(_escaped(c) for c in raw), style=style)
+    return Text(validate.shown("" if value is None else str(value)), style=style)
 
 
 def line(template: str, *values: object) -> Text:
@@ -117,11 +108,22 @@ def status(data: dict[str, Any], pool_size: int) -> Table:
     table.add_row("beat", unknown if alive is None else "alive" if alive else "NOT SCANNING")
     for name, scan in data["scans"].items():
         age = scan["age_seconds"]
-        seen = "unknown" if scan["late"] is None else "never" if age is None else f"{age:.0f}s ago"
+        seen = (
+            "unknown"
+            if scan["late"] is None
+            else f"{age:.0f}s ago"
+            if age is not None
+            else ("never" if scan["late"] else "not yet due")
+        )
         table.add_row(f"last scan {name}", seen + (" (late)" if scan["late"] and age is not None else ""))
     _processes(table, data, unknown)
-    for st, n in data["board"].items():
-        table.add_row(safe(f"board {st}"), str(n))
+    if data["board"] is None:
+        table.add_row("board", safe(f"unknown ({data['board_error']})"))
+    else:
+        for st, n in data["board"].items():
+            table.add_row(safe(f"board {st}"), str(n))
+    if data["unknown"]:
+        table.add_row("not read", safe(", ".join(data["unknown"]), style="red"))
     return table
 
 
@@ -187,7 +189,69 @@ def row_tree(row_id: int, data: dict[str, Any]) -> Tree:
             label = f"{c['id'].rsplit('/', 1)[1]} {c['status']}{outcome} epoch {c['epoch']}"
             add(branch.add(safe(label)), c["children"])
 
+    _detail(root, data)
     add(root, data["children"])
+    return root
+
+
+SHOWN_CHARS = 2000  # of a payload or an output tail on the terminal (``--json`` has them whole)
+TAILS = ("stdout_tail", "stderr_tail")
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}… ({len(text)} characters)"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _detail(root: Tree, data: dict[str, Any]) -> None:
+    """What the row ran and what came of it (``poolkeeper.status.row_detail``), above its children."""
+    d = data["detail"]
+    times = ", ".join(
+        f"{name} {'-' if d[key] is None else f'{d[key]:.3f}s'}"
+        for name, key in (("waited", "wait_seconds"), ("ran", "run_seconds"), ("total", "total_seconds"))
+    )
+    root.add(f"attempt {data['attempt']} of {d['max_attempts']}; {times}")
+    if d["compacted"]:
+        root.add("payload: compacted (the row is terminal; its digest stays)")
+    else:
+        root.add(Text.assemble("payload: ", safe(_cut(_json(d["payload"])))))
+    _result(root, d["result"])
+
+
+def _result(root: Tree, result: dict[str, Any] | None) -> None:
+    """A run's result: its fields on one line (exit code, status, reason), then each output tail's lines."""
+    if result is None:
+        root.add("result: none yet")
+        return
+    rest = {k: v for k, v in result.items() if k not in TAILS}
+    root.add(Text.assemble("result: ", safe(_cut(_json(rest)))))
+    for key in TAILS:
+        if result.get(key):
+            branch = root.add(key.replace("_", " "))
+            for line in _cut(str(result[key])).splitlines():
+                branch.add(safe(line))
+
+
+def task_detail(data: dict[str, Any]) -> Tree:
+    """``poolctl board show``: one task, its body and result, and each run with its pool row."""
+    root = Tree(safe(f"{data['board']}/{data['id']}: {data['status']} (lane {data['lane']})"))
+    root.add(Text.assemble("title: ", safe(data["title"])))
+    body = root.add("body" if data["body"] else "body: -")
+    for line in _cut(data["body"]).splitlines():
+        body.add(safe(line))
+    if data["block_reason"]:
+        root.add(Text.assemble("blocked: ", safe(data["block_reason"])))
+    _result(root, data["result"])
+    runs = root.add(f"runs: {len(data['runs'])}")
+    for run in data["runs"]:
+        took = f"{run['ended_at'] - run['started_at']:.3f}s" if run["ended_at"] and run["started_at"] else "-"
+        row = f"row {run['row']}" if run["row"] is not None else "no pool row"
+        started = _utc(run["started_at"], 3) if run["started_at"] else "-"
+        outcome = run["outcome"] or "running"
+        runs.add(safe(f"run {run['run_id']}: {outcome}, started {started} UTC, took {took}; {row}"))
     return root
 
 
@@ -199,7 +263,7 @@ def history(row_id: int, data: dict[str, Any], width: int) -> Table | Text:
     headers = ["time (UTC)", "kind", "from → to", "att", "fence", "actor", "detail"]
     cells: list[list[Cell]] = [
         [
-            _utc(e["at"]),
+            _utc(e["at"], 3),
             e["kind"],
             f"{e['from'] or '-'} → {e['to'] or '-'}",
             str(e["attempt"] or "-"),
@@ -258,5 +322,8 @@ def flags_without_types() -> None:
     core.TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 
-def _utc(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+def _utc(at: float, digits: int = 0) -> str:
+    """``at`` in UTC to the second, or to ``digits`` decimals of it (an audit trail's events)."""
+    whole = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+    scale = 10**digits
+    return f"{whole}.{int(at * scale) % scale:0{digits}d}" if digits else whole

@@ -11,9 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from core import validate
-from core.db import mask_url
 from core.errors import InvalidInput
-from poolkeeper import operator
 from poolkeeper.cli import render
 from poolkeeper.cli.base import (
     JsonOpt,
@@ -24,14 +22,16 @@ from poolkeeper.cli.base import (
     app,
     out,
 )
-from store import audit, lineage, pause, queries, transitions
-from store import rows as rows_
-from store.models import RowState
+
+# The store's modules are imported by the commands that use them, so `--help` loads none.
+ABANDON_REASON = "no reason given"
 
 
 @app.command()
 def init() -> None:
     """Create or migrate the pool store and the board (a no-op when current)."""
+    from core.logs import mask_url
+
     store, kanban = _store("create"), _kanban("create")
     store.migrate()
     kanban.migrate()
@@ -42,9 +42,11 @@ def init() -> None:
 @app.command()
 def status(as_json: JsonOpt = False) -> None:
     """Rows by state, ordinals, quarantined, beat liveness and queue depth, board tasks by status."""
+    from board import open_board
     from poolkeeper.status import redis_reader, snapshot
 
-    settings, store, kanban = _settings(), _store(), _kanban()
+    settings, store = _settings(), _store()
+    kanban = open_board(settings)  # not _kanban(): a board that does not answer is a part unknown
     client, problem = redis_reader(settings)
     data = snapshot(store, kanban, settings, client, time.time(), redis_error=problem)
     _emit(data, render.status(data, store.pool_size), as_json)
@@ -93,6 +95,9 @@ def rows(
     as_json: JsonOpt = False,
 ) -> None:
     """List pool rows, or show one row with its child executions as a tree, or its history."""
+    from store import queries
+    from store.models import RowState
+
     if history:
         if row is None:
             raise InvalidInput("--history", "needs a ROW: `poolctl rows ROW --history`")
@@ -120,12 +125,23 @@ def rows(
 
 
 def _row_with_children(row_id: int, as_json: bool) -> None:
-    with _store().session(readonly=True) as s:
-        data = {**_row_dict(rows_.get_row(s, row_id)), "children": lineage.tree(s, row_id)}
+    from poolkeeper.status import row_detail
+    from store import audit, lineage
+    from store import rows as rows_
+
+    store, kanban = _store(), _kanban()
+    with store.session(readonly=True) as s:
+        row = rows_.get_row(s, row_id)
+        data = {**_row_dict(row), "children": lineage.tree(s, row_id)}
+        detail = row_detail(row, audit.history(s, row_id), kanban.get_task(row.board, row.task_id))
+    data["detail"] = {**detail, "max_attempts": store.max_attempts}
     _emit(data, render.row_tree(row_id, data), as_json)
 
 
 def _row_history(row_id: int, limit: int, as_json: bool) -> None:
+    from store import audit
+    from store import rows as rows_
+
     with _store().session(readonly=True) as s:
         data = {**_row_dict(rows_.get_row(s, row_id)), "history": audit.history(s, row_id, limit=limit)}
     _emit(data, render.history(row_id, data, out.width), as_json)
@@ -136,6 +152,8 @@ def requeue(
     row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ROW_ID, help="Row id (see `poolctl rows`).")],
 ) -> None:
     """Clear a row's backoff and quarantine so the next scan retries it now."""
+    from store import audit, transitions
+
     with _store("write").session() as s:
         got = transitions.requeue(s, row, now=time.time(), actor=audit.OPERATOR)
     out.print(
@@ -146,9 +164,11 @@ def requeue(
 @app.command()
 def abandon(
     row: Annotated[int, typer.Argument(min=1, max=validate.MAX_ROW_ID, help="Row id (see `poolctl rows`).")],
-    reason: Annotated[str, typer.Option(help="Why; it goes on the board.")] = operator.DEFAULT_ABANDON_REASON,
+    reason: Annotated[str, typer.Option(help="Why; it goes on the board.")] = ABANDON_REASON,
 ) -> None:
     """Give up on a row: park its exact run on the board, make the row stale, free its ordinal."""
+    from poolkeeper import operator
+
     got = operator.abandon(_kanban("write"), _store("write"), row, reason, time.time())
     board = "parked" if got.parked else "had already moved the run on"
     pool = f"ordinal {got.settled.ordinal} free" if got.settled else "settled meanwhile by the plane"
@@ -170,22 +190,30 @@ def pause_dispatch(
     reason: Annotated[str, typer.Option(help="Why (kept in the audit trail and shown by `status`).")],
 ) -> None:
     """Pause dispatch (drain mode): no new claims; every claimed run still runs and is maintained."""
+    from poolkeeper.events import dispatch_settled
+    from store import audit, pause
+
     with _store("write").session() as s:
         changed = pause.pause(s, reason, now=time.time(), actor=audit.OPERATOR)
         now = pause.read(s)
     if changed:
-        out.print(
-            render.line("dispatch paused: {} (claimed runs go on; `poolctl resume` ends it)", now.reason)
-        )
+        settled = dispatch_settled(_settings()) or "no claim follows"
+        told = "dispatch paused: {} ({}; claimed runs go on; `poolctl resume` ends it)"
+        out.print(render.line(told, now.reason, settled))
     else:
         out.print(render.line("dispatch was already paused: {} (unchanged)", now.reason))
 
 
 @app.command(name="resume")
 def resume_dispatch() -> None:
-    """Resume dispatch after `poolctl pause`: the next tick claims ready tasks again."""
+    """Resume dispatch after `poolctl pause`: ready tasks are claimed again at once."""
+    from poolkeeper.events import events_for, task_ready
+    from store import audit, pause
+
     with _store("write").session() as s:
         changed = pause.resume(s, now=time.time(), actor=audit.OPERATOR)
+    if changed:
+        task_ready(events_for(_settings()))
     out.print("dispatch resumed" if changed else "dispatch was not paused (unchanged)")
 
 

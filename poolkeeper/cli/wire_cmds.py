@@ -14,7 +14,7 @@ from core import validate
 from core.errors import InvalidInput, SettingsError
 
 if TYPE_CHECKING:
-    from poolkeeper.client import ChildToken, PoolClient
+    from poolkeeper.workerhost.client import ChildToken, PoolClient
 from poolkeeper.cli.base import (
     AccessLogOpt,
     JsonOpt,
@@ -43,8 +43,10 @@ def serve(
     max_connections_per_client: MaxPerClientOpt = 256,
 ) -> None:
     """Serve the worker protocol over HTTP/JSON (/v1, /healthz, /readyz, /metrics, /docs)."""
-    from poolkeeper.server import serve as server
+    from core import tracing
+    from poolkeeper import serve as server
 
+    tracing.setup("poolkeeper-serve")
     settings = _settings()
     server.run(
         settings,
@@ -66,13 +68,16 @@ def token(
     viewer: Annotated[
         bool, typer.Option("--viewer", help="Print the viewer token (reads everything, changes nothing).")
     ] = False,
+    board: Annotated[
+        bool, typer.Option("--board", help="Print a board's token (only POST /v1/board-events).")
+    ] = False,
 ) -> None:
-    """Print a bearer token derived from POOL_SERVER_SECRET (a worker's, the operator's or the viewer's)."""
+    """Print a token derived from POOL_SERVER_SECRET: a worker's, the operator's, a viewer's or a board's."""
     from poolkeeper import tokens
 
     settings = _settings()
-    if [ordinal is not None, operator, viewer].count(True) != 1:
-        raise InvalidInput("token", "give exactly one of --ordinal N, --operator and --viewer")
+    if [ordinal is not None, operator, viewer, board].count(True) != 1:
+        raise InvalidInput("token", "give exactly one of --ordinal N, --operator, --viewer and --board")
     if not settings.server_secret:
         raise SettingsError("POOL_SERVER_SECRET (or POOL_SERVER_SECRET_FILE) is not set: no token to derive")
     if ordinal is not None and ordinal >= settings.pool_size:
@@ -80,6 +85,8 @@ def token(
     secret = settings.server_secret
     if ordinal is not None:
         print(tokens.ordinal_token(secret, ordinal))
+    elif board:
+        print(tokens.board_token(secret))
     else:
         print(tokens.operator_token(secret) if operator else tokens.viewer_token(secret))
 
@@ -87,10 +94,21 @@ def token(
 @app.command()
 def worker(
     ordinal: Annotated[int, typer.Option(min=0, help="The ordinal this worker serves.")],
-    command: Annotated[
-        str, typer.Option(help="The command to run per grant (split like a shell, run without one).")
-    ],
     url: Annotated[str, typer.Option(envvar="POOL_WORKER_URL", help="Where `poolctl serve` answers.")],
+    command: Annotated[
+        str | None,
+        typer.Option(
+            help="The command to run per grant (split like a shell, run without one).", show_default=False
+        ),
+    ] = None,
+    call: Annotated[
+        str | None,
+        typer.Option(
+            help="Instead of --command: package.module:function, a Python callable (sync or async) run per"
+            " grant in one long-lived process.",
+            show_default=False,
+        ),
+    ] = None,
     token_: Annotated[
         str,
         typer.Option(
@@ -110,8 +128,32 @@ def worker(
         ),
     ] = "",
     owner: Annotated[str | None, typer.Option(help="Instance name (default: host:pid:random).")] = None,
-    poll: Annotated[float, typer.Option(min=0.05, help="Seconds between offers while idle.")] = 1.0,
-    once: Annotated[bool, typer.Option("--once", help="Exit after delivering one result.")] = False,
+    poll: Annotated[
+        float, typer.Option(min=0.05, help="Seconds between offers when the server did not wait for a run.")
+    ] = 1.0,
+    wait: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=validate.MAX_OFFER_WAIT_SECONDS,
+            show_default=False,
+            help="Seconds an idle offer waits on the server for a run, answered as soon as one is assigned"
+            " (default: the worker's OFFER_WAIT_SECONDS, 30); 0 polls every --poll seconds.",
+        ),
+    ] = None,
+    once: Annotated[
+        bool,
+        typer.Option("--once", help="Exit after delivering one result, or on --give-up without an answer."),
+    ] = False,
+    give_up: Annotated[
+        float,
+        typer.Option(
+            "--give-up",
+            min=0,
+            help="With --once: seconds the server may go without answering before the worker gives up"
+            " (exit 69 nothing listens, 75 busy). Without --once the worker waits out any outage.",
+        ),
+    ] = 60.0,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -123,20 +165,30 @@ def worker(
         ),
     ] = None,
 ) -> None:
-    """Run COMMAND for each grant of ORDINAL: payload on stdin, heartbeats, result; SIGTERM releases."""
+    """Run COMMAND (or the Python CALL) for each grant of ORDINAL: heartbeats, result; SIGTERM releases."""
     import logging
     import shlex
 
-    from core.settings import read_secret_file
-    from poolkeeper.worker import TOKEN_FILE_ENV, CommandWorker, forbid_inspection
+    from core import logs, tracing
+    from core.settings import read_one, read_secret_file
+    from poolkeeper.workerhost.worker import TOKEN_FILE_ENV, CommandWorker, Worker, forbid_inspection
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if (command is None) == (call is None):
+        raise InvalidInput("--command", "give exactly one of --command and --call")
+    logs.basic(read_one("log_format"))  # the token's MAC is masked whatever the format
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     forbid_inspection()  # first: the command, as this user, must not read the token from /proc
-    try:
-        argv = shlex.split(command)
-    except ValueError as e:
-        raise InvalidInput("--command", str(e)) from None
+    tracing.setup("poolkeeper-worker")  # this process's service name, if OTEL_* turns tracing on
+    argv: list[str] = []
+    if command is not None:
+        try:
+            argv = shlex.split(command)
+        except ValueError as e:
+            raise InvalidInput("--command", str(e)) from None
+    elif call is not None:
+        from poolkeeper.workerhost.runner import parse_call
+
+        parse_call(call)  # its shape, at once; the runner imports it before the first offer
     if token_file:
         if token_:
             raise SettingsError(
@@ -144,9 +196,21 @@ def worker(
             )
         token_ = read_secret_file(f"--token-file ({TOKEN_FILE_ENV})", token_file)
     with _pool_client("--url (POOL_WORKER_URL)", url, "--token (POOL_WORKER_TOKEN)", token_) as client:
-        runner = CommandWorker(
-            client, ordinal, argv, owner=owner, poll_seconds=poll, once=once, state_dir=state_dir
-        )
+        options: dict[str, Any] = {
+            "owner": owner,
+            "poll_seconds": poll,
+            **({} if wait is None else {"wait_seconds": wait}),
+            "once": once,
+            "give_up_seconds": give_up,
+            "state_dir": state_dir,
+        }
+        runner: Worker
+        if call is not None:
+            from poolkeeper.workerhost.python import PythonWorker
+
+            runner = PythonWorker(client, ordinal, call, **options)
+        else:
+            runner = CommandWorker(client, ordinal, argv, **options)
         runner.install_signal_handlers()
         raise typer.Exit(runner.run())
 
@@ -183,7 +247,7 @@ ChildOpt = Annotated[
 def _pool_client(url_name: str, url: str, token_name: str, token: str) -> PoolClient:
     """A client of `poolctl serve` whose URL can work (else exit 78) and whose token is one (else 2)."""
     from poolkeeper import tokens
-    from poolkeeper.client import PoolClient, check_url
+    from poolkeeper.workerhost.client import PoolClient, check_url
 
     check_url(url_name, url)
     if token and not tokens.well_formed(token):  # not echoed: it is a secret, or most of one
@@ -194,7 +258,7 @@ def _pool_client(url_name: str, url: str, token_name: str, token: str) -> PoolCl
 
 
 def _child_client() -> PoolClient:
-    from poolkeeper.worker import CHILD_TOKEN_ENV, URL_ENV
+    from poolkeeper.workerhost.worker import CHILD_TOKEN_ENV, URL_ENV
 
     url = os.environ.get(URL_ENV, "")
     if not url:
@@ -209,8 +273,8 @@ def _child_id(child_id: str) -> str:
 
 
 def _child_token(child_id: str) -> ChildToken:
-    from poolkeeper.client import ChildToken
-    from poolkeeper.worker import fence_from_env
+    from poolkeeper.workerhost.client import ChildToken
+    from poolkeeper.workerhost.worker import fence_from_env
 
     return ChildToken(_child_id(child_id), fence_from_env(os.environ))
 
@@ -243,7 +307,7 @@ def child_register(
     as_json: JsonOpt = False,
 ) -> None:
     """Register a child under this command's grant; print its id (POOL_CHILD_ID for the child)."""
-    from poolkeeper.worker import grant_from_env
+    from poolkeeper.workerhost.worker import grant_from_env
 
     holder = grant_from_env(os.environ)
     with _child_client() as client:
@@ -279,7 +343,7 @@ def child_result(
 @child_app.command("vanished")
 def child_vanished(child: ChildOpt = "") -> None:
     """The holder lost a live child's process: it and its live descendants turn unknown."""
-    from poolkeeper.worker import grant_from_env
+    from poolkeeper.workerhost.worker import grant_from_env
 
     holder = grant_from_env(os.environ)
     with _child_client() as client:

@@ -176,6 +176,40 @@ class BoardContract:
         assert board.running_tasks("nowhere") == []
         assert not board.complete_task("nowhere", "t1", 1, {"status": "done"})
 
+    def test_every_read_and_settle_is_scoped_to_its_board(self, board: Board) -> None:
+        """Two boards holding the same task ids: what one board's call reads or settles is that board's
+        only (reconcile judges each board's running tasks against its rows; another's would be adopted)."""
+        for name in ("b", "c"):
+            for task_id in ("t1", "t2"):
+                board.add_task(name, f"{name} {task_id}", task_id=task_id)
+        claimed = claim(board)
+        run = {(name, task_id): run_id for name, task_id, run_id in claimed}
+        assert len(run) == 4
+        assert board.block_task("b", "t1", "again", "transient", run["b", "t1"])
+        board.unblock_task("b", "t1")
+        [(_, _, again)] = claim(board)  # b/t1 has two runs, c/t1 one
+        for name in ("b", "c"):
+            running = board.running_tasks(name)
+            assert sorted((t.board, t.id) for t in running) == [(name, "t1"), (name, "t2")], running
+            assert {t.title for t in running} == {f"{name} t1", f"{name} t2"}
+            listed = board.list_tasks(name)
+            assert sorted((t.board, t.id, t.title) for t in listed) == [
+                (name, i, f"{name} {i}") for i in ("t1", "t2")
+            ], listed
+            task = board.get_task(name, "t1")
+            assert task is not None and (task.board, task.title) == (name, f"{name} t1"), task
+        assert [r["run_id"] for r in board.list_runs("b", ["t1"])] == [run["b", "t1"], again]
+        assert [r["run_id"] for r in board.list_runs("c", ["t1", "t2"])] == [run["c", "t1"], run["c", "t2"]]
+        assert not board.has_board("d")
+        # settling c's run with b's run id, or b's with c's, settles nothing on either board
+        assert not board.complete_task("c", "t1", again, {"status": "done"})
+        assert board.complete_task("b", "t1", again, {"status": "done"})
+        c_task = board.get_task("c", "t1")
+        assert c_task is not None and c_task.status is TaskStatus.RUNNING, c_task
+        assert board.block_task("c", "t2", "parked", "transient", run["c", "t2"])
+        b_task = board.get_task("b", "t2")
+        assert b_task is not None and b_task.status is TaskStatus.RUNNING, b_task
+
     # --- two writers -------------------------------------------------------------------
 
     def test_a_stale_result_never_settles_the_run_after_it(self, board: Board, second_handle: Board) -> None:

@@ -66,3 +66,43 @@ def tables_locked(url: str, engine: Engine) -> Busy:
             holder.dispose()
 
     return held
+
+
+class Leaky:
+    """The Kanban with one per-board call answering for every board: a backend the kit must fail."""
+
+    def __init__(self, inner: Board, leaked: str) -> None:
+        self.inner, self.leaked = inner, leaked
+
+    def __getattr__(self, name: str) -> Any:
+        if name != self.leaked:
+            return getattr(self.inner, name)
+        everywhere = self.inner.list_boards()
+        if name == "running_tasks":
+            return lambda board: [t for b in everywhere for t in self.inner.running_tasks(b)]
+        if name == "get_task":
+            return lambda board, task_id: next(
+                t for b in everywhere if (t := self.inner.get_task(b, task_id)) is not None
+            )
+        if name == "list_tasks":
+            return lambda board=None, status=None, limit=10_000: self.inner.list_tasks(None, status, limit)
+        if name == "list_runs":
+            return lambda board, task_ids: [r for b in everywhere for r in self.inner.list_runs(b, task_ids)]
+        if name == "complete_task":  # settles the task of that id on whichever board runs that run
+            return lambda board, task_id, run_id, result: any(
+                self.inner.complete_task(b, task_id, run_id, result) for b in everywhere
+            )
+        raise AssertionError(f"no leak for {name}")
+
+
+@pytest.mark.parametrize("leaked", ["running_tasks", "get_task", "list_tasks", "list_runs", "complete_task"])
+def test_the_kit_fails_a_backend_whose_per_board_call_reaches_other_boards(
+    settings: Settings, leaked: str
+) -> None:
+    board = open_board(settings)
+    board.migrate()
+    try:
+        with pytest.raises(AssertionError):
+            BoardContract().test_every_read_and_settle_is_scoped_to_its_board(Leaky(board, leaked))
+    finally:
+        board.close()

@@ -24,13 +24,22 @@ import pytest
 
 from board import Board, BoardTask, TaskStatus, open_board
 from board.http import BoardServerError, HttpBoard, open_http
-from core.errors import CapabilityError, ConfigError, SettingsError, TransientError, Unauthenticated
+from core.errors import (
+    CapabilityError,
+    ConfigError,
+    NotFound,
+    SettingsError,
+    TransientError,
+    Unauthenticated,
+    UnusableURL,
+)
 from core.settings import Settings
+from poolkeeper.api.app import create_app
+from poolkeeper.boardserver import app as board_api
 from poolkeeper.embedded import ROOT, wait_for
-from poolkeeper.server import board_api
 from poolkeeper.testing.board_contract import BoardContract
 from tests.helpers import BOARD_TOKEN as TOKEN
-from tests.helpers import BoardServer
+from tests.helpers import AppServer, BoardServer
 
 SCHEMA_FILE = ROOT / "docs" / "board-api.openapi.json"
 
@@ -204,13 +213,37 @@ def test_a_missing_or_wrong_token_is_refused_before_the_body_is_read(
     inner: Board, served: Callable[[Board], BoardServer]
 ) -> None:
     url = served(inner).url
-    for token in (None, "x" * 32):
-        with pytest.raises(Unauthenticated, match="401"):
-            HttpBoard(url, token=token).list_boards()
+    with pytest.raises(
+        Unauthenticated, match=r"401 Unauthenticated: an Authorization: Bearer token .* is required"
+    ):
+        HttpBoard(url, token=None).list_boards()
+    with pytest.raises(Unauthenticated, match="401 Unauthenticated: the Bearer token given was refused"):
+        HttpBoard(url, token="x" * 32).list_boards()
     answer = httpx.post(f"{url}/v1/claims", content=b"{not json")
     assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer"
     assert httpx.get(f"{url}/healthz").status_code == 200  # probes ask no token
     assert httpx.get(f"{url}/readyz").json() == {"status": "ready"}
+
+
+def test_a_url_that_is_no_board_server_names_what_answers_there(
+    settings: Settings, inner: Board, served: Callable[[Board], BoardServer]
+) -> None:
+    # Given the pool's wire protocol (poolctl serve) and a board server under a wrong path
+    wire = AppServer(settings, create_app(settings, local_only=True))
+    board_url = served(inner).url
+    try:
+        # When POOL_BOARD_URL names either, then one line says what answers there (exit 78)
+        with pytest.raises(UnusableURL, match=r"`poolctl serve` \(the pool's wire protocol\) answers, not"):
+            HttpBoard(wire.url, token=TOKEN).list_boards()
+        with pytest.raises(
+            UnusableURL, match=r"the board API answers at http://[^ ]+/, not at http://[^ ]+/wrong \(404"
+        ):
+            HttpBoard(f"{board_url}/wrong", token=TOKEN).list_boards()
+    finally:
+        wire.stop()
+    # and the board API's own 404 is still a missing task
+    with pytest.raises(NotFound, match="nope: no such board"):
+        HttpBoard(board_url, token=TOKEN).archive_board("nope")
 
 
 def test_a_forked_child_gets_a_client_of_its_own(kanban: Board, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,7 +267,7 @@ def test_the_token_comes_from_the_environment_or_a_file(tmp_path: Path) -> None:
 
 def test_the_schema_file_is_the_servers() -> None:
     written = json.loads(SCHEMA_FILE.read_text())
-    regenerate = "python -m poolkeeper.server.board_api > docs/board-api.openapi.json"
+    regenerate = "python -m poolkeeper.boardserver.app > docs/board-api.openapi.json"
     assert written == board_api.openapi(), f"the schema file is out of date: {regenerate}"
 
 
@@ -271,3 +304,23 @@ def test_the_demo_with_its_board_behind_board_serve_loses_nothing(tmp_path: Path
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "lost: 0" in done.stdout and "board API: http://127.0.0.1:" in done.stdout
     assert (tmp_path / "demo" / "board-serve.log").exists()
+
+
+def test_a_poisoned_task_over_http_fails_with_the_boards_own_class_and_detail(
+    settings: Settings, inner: Board, served: Callable[[Board], BoardServer]
+) -> None:
+    from board.faults import FlakyBoard
+    from tasks.failures import describe
+
+    inner.add_task("b", "x", task_id="poison-0")
+    direct = FlakyBoard(inner, poison=frozenset({"poison-0"}))
+    client = open_http(served(direct).url, replace(settings, board_token=TOKEN))
+    try:
+        with pytest.raises(Exception) as over_sqlite:
+            direct.get_task("b", "poison-0")
+        with pytest.raises(BoardServerError) as over_http:
+            client.get_task("b", "poison-0")
+        assert describe(over_http.value) == describe(over_sqlite.value)
+        assert describe(over_http.value) == "PoisonedTask: board: task poison-0 is poisoned (chaos)"
+    finally:
+        client.close()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, text
 
-from board import Board, FlakyBoard, TaskStatus, open_board
+from board import Board, FlakyBoard, TaskSpec, TaskStatus, add_tasks, open_board
 from board.faults import PoisonedTask
 from core.errors import InvalidInput, NotFound, TransientError, UnusableURL
 from core.settings import Settings
@@ -31,6 +31,28 @@ def test_operator_moves_name_what_was_wrong(kanban: Board) -> None:
     with pytest.raises(InvalidInput, match="board"):
         kanban.add_task("b'; DROP TABLE tasks; --", "x")
     assert [t.id for t in kanban.list_tasks()] == ["t1"]
+
+
+def test_two_thousand_tasks_are_added_in_one_call(kanban: Board) -> None:
+    specs = [TaskSpec(f"task {i}", body=f"item {i}", task_id=f"t{i:04d}") for i in range(2000)]
+    assert add_tasks(kanban, "bulk", specs) == [s.task_id for s in specs]
+    assert kanban.counts_by_status()["ready"] == 2000
+    assert kanban.get_task("bulk", "t1999") is not None
+
+
+def test_a_bulk_add_is_all_or_nothing_and_names_the_task_refused(kanban: Board) -> None:
+    kanban.add_task("b", "there already", task_id="old")
+    cases = [
+        ([TaskSpec("a", task_id="x"), TaskSpec("b", task_id="x")], "task 2: b/x is in the batch twice"),
+        ([TaskSpec("a", task_id="y"), TaskSpec("b", task_id="old")], "b/old already exists"),
+        ([TaskSpec("a", task_id="z"), TaskSpec("   ")], "task 2: must not be empty"),
+        ([TaskSpec("a"), TaskSpec("b", body="\x00")], "task 2"),
+        ([TaskSpec("a"), TaskSpec("b", lane="no lane")], "task 2"),
+    ]
+    for specs, refusal in cases:
+        with pytest.raises(InvalidInput, match=refusal):
+            add_tasks(kanban, "b", specs)
+    assert [t.id for t in kanban.list_tasks()] == ["old"]  # nothing of any refused batch was written
 
 
 def test_locked_board_database_is_a_transient_error(

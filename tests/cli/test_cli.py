@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,11 @@ from sqlalchemy import text
 from board import open_board
 from core.settings import Settings
 from poolkeeper.embedded import RedisServer, wait_for
+from poolkeeper.events import dispatch_settled
 from store import PoolStore
-from tests.helpers import poolctl, staff_url
+from tasks.redis_coordination import RedisCoordination
+from tests.factories import envelope
+from tests.helpers import POOLCTL, poolctl, poolctl_env, staff_url
 
 
 def ok(tmp: Path, *args: str) -> str:
@@ -53,10 +57,12 @@ def test_init_is_idempotent_and_status_has_a_stable_json_shape(tmp_path: Path) -
         "waiting_assigned",
         "lease_seconds",
         "board",
+        "board_error",
         "queue_depth",
         "beat_alive",
         "redis_error",
         "scans",
+        "unknown",
     }
     assert status["free_ordinals"] == [0, 1] and status["rows"]["assigned"] == 0
     assert status["held_by_quarantined"] == []
@@ -122,6 +128,27 @@ def test_rows_search_finds_rows_by_task_or_error_as_the_console_does(tmp_path: P
     assert as_json(tmp_path, "rows", "--search", "disk", "--state", "running") == []
 
 
+def test_board_add_from_json_lines_adds_every_task_or_none(tmp_path: Path) -> None:
+    ok(tmp_path, "init")
+    tasks = [{"title": "a", "id": "ta"}, {"title": "b", "body": "x"}, {"title": "c"}]
+    done = poolctl(tmp_path, "board", "add", "b1", "--from", "-", stdin="\n".join(map(json.dumps, tasks)))
+    assert done.returncode == 0, done.stderr
+    ids = done.stdout.split()
+    assert len(ids) == 3 and ids[0] == "ta"
+    assert {t["id"] for t in as_json(tmp_path, "board", "list", "b1")} == set(ids)
+    # A bad line refuses the whole file, naming its line; nothing of it is added
+    for bad, says in [
+        ('{"title": "d"}\n{"titel": "e"}', 'line 2: an object with a "title" string is needed'),
+        ('{"title": "d"}\nnot json', "line 2: not JSON"),
+        ('{"title": "d", "id": "ta"}', "b1/ta already exists"),
+        ('{"title": "d", "owner": "me"}', "line 1: unknown field(s) owner"),
+    ]:
+        refused = poolctl(tmp_path, "board", "add", "b1", "--from", "-", stdin=bad)
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert len(as_json(tmp_path, "board", "list", "b1")) == 3
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -132,6 +159,9 @@ def test_rows_search_finds_rows_by_task_or_error_as_the_console_does(tmp_path: P
         (("rows", "--state", "zombie"), "--state: unknown state 'zombie'"),
         (("board", "add", "b 1", "x"), "board: may hold only"),
         (("abandon", "42"), "row 42: no such row"),
+        (("board", "add", "b1"), "title: give a TITLE, or --from FILE"),
+        (("board", "add", "b1", "x", "--from", "-"), "not both"),
+        (("board", "add", "b1", "--from", "nosuch.jsonl"), "--from: cannot read nosuch.jsonl"),
         (("abandon", "1", "--reason", ""), "reason: must be 1 to 500 characters"),
     ],
 )
@@ -205,6 +235,11 @@ def test_demo_runs_to_its_summary_with_the_embedded_redis(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "embedded redis-server" in done.stdout
     assert "\nlost: 0\n" in done.stdout and "INVARIANT FAILED" not in done.stdout
+    # piped: the console's line is whole (not folded at 80 columns), the summary apart from the table
+    assert re.search(
+        r"\nconsole: http://\S+/ui \(operator token for this run: op\.[0-9a-f]{64}\)\n", done.stdout
+    )
+    assert "┘\n\ndone:" in done.stdout, done.stdout[-3000:]
     # the poisoned task's row ends quarantined, or abandoned if it was holding its ordinal
     given_up = re.search(r"\nquarantined: (\d+)\n(?:.*\n)*?abandoned: +(\d+) ", done.stdout)
     assert given_up and int(given_up[1]) + int(given_up[2]) == 1, done.stdout[-3000:]
@@ -357,6 +392,41 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+@pytest.mark.integration
+def test_a_pause_is_acknowledged_only_once_the_dispatch_round_in_flight_has_ended(tmp_path: Path) -> None:
+    # Given a dispatch round in flight: another process holds the dispatch lock (a real redis-server)
+    ok(tmp_path, "init")
+    server = RedisServer(tmp_path).start()
+    try:
+        settings = Settings(redis_url=server.url, namespace=f"pause{os.getpid()}")
+        dispatcher = RedisCoordination(server.client(), settings)
+        [token] = dispatcher.lock_many(["dispatch"])
+        assert token is not None
+        # When an operator pauses
+        env = poolctl_env(tmp_path, {"POOL_REDIS_URL": server.url, "POOL_NAMESPACE": settings.namespace})
+        pausing = subprocess.Popen([*POOLCTL, "pause", "--reason", "deploy"], env=env, cwd=tmp_path,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        wait_for("the pause written", lambda: paused_in(tmp_path / "pool.db"), 60, every=0.02)
+        # Then it waits for the round: acknowledged only after the lock is let go
+        assert pausing.poll() is None, "acknowledged while a round could still claim"
+        dispatcher.unlock_many({"dispatch": token})
+        out, err = pausing.communicate(timeout=60)
+        assert pausing.returncode == 0, err
+        assert "dispatch paused: deploy (no claim follows; claimed runs go on" in out
+        # and a round that never ends, or a Redis that is away, is said, not waited on for ever
+        [token] = dispatcher.lock_many(["dispatch"])
+        assert "still claimed after 0 s" in str(dispatch_settled(settings, timeout=0.2))
+    finally:
+        server.stop()
+    away = dispatch_settled(settings, timeout=0.2)
+    assert "could not see whether a dispatch round is in flight" in str(away)
+
+
+def paused_in(db: Path) -> bool:
+    with sqlite3.connect(db) as conn:
+        return bool(conn.execute("SELECT paused FROM dispatch_pause").fetchone()[0])
+
+
 def test_pause_and_resume_dispatch_show_in_status_and_the_audit_trail(tmp_path: Path) -> None:
     ok(tmp_path, "init")
     assert as_json(tmp_path, "status")["dispatch"]["paused"] is False
@@ -373,3 +443,91 @@ def test_pause_and_resume_dispatch_show_in_status_and_the_audit_trail(tmp_path: 
     with sqlite3.connect(tmp_path / "pool.db") as db:
         events = db.execute("SELECT row_id, kind, actor, detail FROM audit_events ORDER BY id").fetchall()
     assert events == [(0, "pause", "operator", "deploy 42"), (0, "resume", "operator", None)]
+
+
+def test_piped_output_keeps_long_values_whole_and_history_shows_milliseconds(tmp_path: Path) -> None:
+    ok(tmp_path, "init")
+    reason = "deploy 42: " + "the database moves to its new host, then the workers follow " * 2
+    ok(tmp_path, "pause", "--reason", reason)
+    piped = poolctl(tmp_path, "status", env={"COLUMNS": ""})  # a pipe, and no width given
+    assert piped.returncode == 0, piped.stderr
+    assert reason.strip() in piped.stdout  # on one line: not folded at 80 columns
+
+    store = PoolStore(f"sqlite:///{tmp_path}/pool.db", pool_size=2)
+    store.add_run(board="b", task_id="t1", run_id=1, ordinal=0, payload={})
+    offer = store.offer(0, owner="w-1")
+    assert offer is not None
+    with store.session(readonly=True) as s:
+        [at] = s.execute(
+            text("SELECT at FROM audit_events WHERE row_id = :r AND kind = 'grant'"), {"r": offer.row_id}
+        ).scalars()
+    store.engine.dispose()
+    shown = ok(tmp_path, "rows", str(offer.row_id), "--history")
+    assert f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(at))}.{int(at * 1000) % 1000:03d}" in shown
+
+
+def test_rows_row_shows_what_the_run_was_and_printed_then_that_it_was_compacted(tmp_path: Path) -> None:
+    ok(tmp_path, "init")
+    store = PoolStore(f"sqlite:///{tmp_path}/pool.db", pool_size=2, max_attempts=3)
+    store.add_run(board="b", task_id="t1", run_id=1, ordinal=0, payload={"body": "make test \x1b[2J"})
+    offer = store.offer(0, owner="w-1")
+    assert offer is not None
+    printed = {"stdout_tail": "compiling\nall 12 tests passed\n", "stderr_tail": "warning: \x1b]0;owned\x07"}
+    result = {"status": "done", "exit_code": 0, **printed}
+    store.accept_result({**envelope(offer, "r1"), "payload": result})
+
+    shown = as_json(tmp_path, "rows", str(offer.row_id))["detail"]
+    assert (shown["payload"], shown["result"], shown["compacted"]) == (
+        {"body": "make test \x1b[2J"},
+        result,
+        False,
+    )
+    assert shown["max_attempts"] == 3
+    assert (
+        0 <= shown["wait_seconds"] <= shown["total_seconds"]
+        and 0 <= shown["run_seconds"] <= shown["total_seconds"]
+    )
+    tree = ok(tmp_path, "rows", str(offer.row_id))
+    assert "attempt 1 of 3; waited " in tree and 'payload: {"body": "make test \\u001b[2J"}' in tree
+    assert '"exit_code": 0' in tree and "all 12 tests passed" in tree
+    assert "warning: \\x1b]0;owned\\x07" in tree and "\x1b" not in tree  # escaped, never raw
+
+    with store.session() as s:  # settled: terminal, its payload and result compacted (invariant 8)
+        s.execute(
+            text("UPDATE assignments SET state='finalized', payload=NULL, result=NULL WHERE id=:r"),
+            {"r": offer.row_id},
+        )
+    store.engine.dispose()
+    shown = as_json(tmp_path, "rows", str(offer.row_id))["detail"]
+    assert (shown["payload"], shown["result"], shown["compacted"]) == (None, None, True)
+    assert "payload: compacted" in ok(tmp_path, "rows", str(offer.row_id))
+
+
+def test_board_show_gives_the_body_the_result_with_its_output_and_each_run_with_its_row(
+    tmp_path: Path,
+) -> None:
+    ok(tmp_path, "init")
+    ok(tmp_path, "board", "add", "b", "build it", "--id", "t1", "--body", "make all\n\x1b[31mred\x1b[0m")
+    kanban = open_board(Settings(board_url=f"sqlite:///{tmp_path}/board.db"))
+    [claim] = kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
+    store = PoolStore(f"sqlite:///{tmp_path}/pool.db", pool_size=2)
+    store.add_run(board="b", task_id="t1", run_id=claim.run_id, ordinal=0, payload={"body": "make all"})
+    result = {"status": "done", "exit_code": 0, "stdout_tail": "built\n", "stderr_tail": ""}
+    assert kanban.complete_task("b", "t1", expected_run_id=claim.run_id, result=result)
+    store.engine.dispose()
+    kanban.close()
+
+    shown = as_json(tmp_path, "board", "show", "b", "t1")
+    assert (shown["body"], shown["result"], shown["status"]) == (
+        "make all\n\x1b[31mred\x1b[0m",
+        result,
+        "done",
+    )
+    [run] = shown["runs"]
+    assert (run["run_id"], run["outcome"], run["row"]) == (claim.run_id, "done", 1)
+    tree = ok(tmp_path, "board", "show", "b", "t1")
+    assert "b/t1: done (lane pool)" in tree and "make all" in tree and "\\x1b[31mred\\x1b[0m" in tree
+    assert '"exit_code": 0' in tree and "built" in tree and f"run {claim.run_id}: done, started " in tree
+    assert "; row 1" in tree and "\x1b" not in tree
+    missing = poolctl(tmp_path, "board", "show", "b", "nope")
+    assert missing.returncode == 2 and "b/nope: no such task" in missing.stderr

@@ -27,7 +27,7 @@ from core.settings import Settings
 from store import PoolStore
 from tasks import failures
 from tasks.failures import ErrorClass
-from tasks.plane import RedisCoordination
+from tasks.redis_coordination import RedisCoordination
 from tests.helpers import BUSY, CONFIG, UNAVAILABLE, USAGE, files, refused, run, staff_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -330,6 +330,13 @@ GRANT_CASES = [
     pytest.param(
         WORKER, {"POOL_WORKER_TOKEN": "o0.é"}, USAGE, ("POOL_WORKER_TOKEN",), id="worker-token-non-ascii"
     ),
+    pytest.param(  # the one setting a pool worker reads, read alone
+        WORKER,
+        {"POOL_LOG_FORMAT": "xml", "POOL_SIZE": "not read"},
+        USAGE,
+        ("POOL_LOG_FORMAT: must be one of text, json, got 'xml'",),
+        id="worker-log-format",
+    ),
 ]
 
 
@@ -470,9 +477,8 @@ def test_version_comes_from_the_package_metadata(tmp_path: Path) -> None:
     assert files(tmp_path) == []
 
 
-def test_the_readme_documents_every_exit_code() -> None:
-    readme = (ROOT / "README.md").read_text()
-    operate = readme[readme.index("## Operate") :]
+def test_the_operate_page_documents_every_exit_code() -> None:
+    operate = (ROOT / "docs" / "operate.md").read_text()
     for code in (0, 1, 2, 69, 75, 78):
         assert f"| {code} |" in operate
 

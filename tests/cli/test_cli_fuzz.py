@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from poolkeeper.cli import main
-from poolkeeper.client import PoolClient
+from poolkeeper.workerhost.client import PoolClient
 from tests.properties import budget
 
 CODES = {0, 1, 2, 69, 75, 78}

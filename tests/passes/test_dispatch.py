@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from sqlalchemy import delete
 
 from board import Board, FlakyBoard
-from store import audit, pause
+from core.errors import Unavailable
+from store import audit, pause, queries
 from store.models import OrdinalPresence
-from tasks import runner
+from tasks import runner, scan
 from tasks.plane import Plane
-from tests.factories import NOW, claimed, dispatched, scanned
+from tests.factories import NOW, claim_on_a_taken_ordinal, claimed, dispatched, scanned
 from tests.helpers import staff
 
 
@@ -103,3 +105,77 @@ def test_while_paused_dispatch_claims_nothing_says_so_once_and_claimed_runs_go_o
     with plane.store.session() as s:
         assert pause.resume(s, now=NOW + 1, actor=audit.OPERATOR)
     assert len(dispatched(plane)) == 1 and kanban.counts_by_status()["ready"] == 0
+
+
+def waiting_claim(plane: Plane, kanban: Board, task_id: str) -> dict[str, Any]:
+    """Every ordinal busy, and a claim of ``task_id`` on a taken ordinal that found none free: it waits."""
+    job = claim_on_a_taken_ordinal(plane, kanban, task_id)
+    assert runner.run_key(plane, "materialize", job, NOW) == "waits"
+    return job
+
+
+def free_one(plane: Plane, kanban: Board) -> int:
+    """The row on ordinal 1 ends (its run moved on): ordinal 1 is free."""
+    with plane.store.session() as s:
+        [row] = [r for r in queries.rows(s) if r.ordinal == 1]
+    kanban.reassign_task("b", row.task_id, assignee="alice", lane="humans")
+    assert runner.run_key(plane, "reconcile", row.id, NOW) == "stale"
+    return 1
+
+
+def test_a_waiting_claim_still_pending_waits_again_in_its_place(plane: Plane, kanban: Board) -> None:
+    # Given a waiting claim whose own message still holds its marker (its batch has not finished)
+    job = waiting_claim(plane, kanban, "late")
+    assert plane.coord.mark_pending("materialize", ["b:late:" + str(job["run_id"])])
+    free_one(plane, kanban)
+    # When dispatch serves it: it is left out (pending), and waits again, its ordinal free
+    assert dispatched(plane) == []
+    plane.coord.clear_pending("materialize", ["b:late:" + str(job["run_id"])])
+    # Then the next round serves it
+    [served] = dispatched(plane)
+    assert (served["task_id"], served["ordinal"]) == ("late", 1)
+
+
+def test_a_failed_hand_over_of_waiting_claims_frees_every_ordinal_and_keeps_them_waiting(
+    plane: Plane, kanban: Board
+) -> None:
+    waiting_claim(plane, kanban, "late")
+    free_one(plane, kanban)
+
+    def broker_away(*_: Any) -> None:
+        raise Unavailable("redis is unavailable: the broker went away")
+
+    with pytest.raises(Unavailable):
+        scan_with(plane, broker_away)
+    assert plane.coord.reserve([0, 1, 2]) == [0, 1, 2], "no reservation left behind"
+    plane.coord.release([0, 1, 2])
+    [served] = dispatched(plane)
+    assert served["task_id"] == "late", "still waiting after the failure"
+
+
+def scan_with(plane: Plane, enqueue: Any) -> int:
+    return scan.scan(plane, "materialize", NOW, enqueue)
+
+
+def test_a_scan_whose_markers_cannot_be_queued_leaves_none_of_the_unsent_pending(
+    plane: Plane, kanban: Board, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(3):
+        kanban.add_task("b", f"t{i}", task_id=f"t{i}")
+    plane.settings = replace(plane.settings, batch_size=1)
+    sent: list[Any] = []
+
+    def queue_pending_fails(*_: Any) -> None:
+        raise Unavailable("redis is unavailable: stalled")
+
+    monkeypatch.setattr(plane.coord, "queue_pending", queue_pending_fails)
+    with pytest.raises(Unavailable):
+        scan_with(plane, lambda name, keys: sent.extend(keys))
+    assert len(sent) == 1, "the first batch went; the scan stopped there"
+    names = [f"b:{c['task_id']}:{c['run_id']}" for c in sent]
+    unsent = {f"t{i}" for i in range(3)} - {c["task_id"] for c in sent}
+    monkeypatch.undo()
+    # the unsent claims' markers are gone: reconcile may hand them over again
+    assert plane.coord.mark_pending("materialize", names) == [], "the sent one is still pending"
+    again = [f"b:{t}:1" for t in sorted(unsent)]
+    assert plane.coord.mark_pending("materialize", again) == again

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
@@ -14,7 +15,16 @@ from store.models import RowState
 from tasks import failures, registry, runner
 from tasks.maintain import maintain_once
 from tasks.plane import Plane
-from tests.factories import NOW, OWNER, RowFactory, claimed, dispatched, row_state, scanned
+from tests.factories import (
+    NOW,
+    OWNER,
+    RowFactory,
+    claim_on_a_taken_ordinal,
+    claimed,
+    dispatched,
+    row_state,
+    scanned,
+)
 
 
 @pytest.mark.parametrize(
@@ -94,22 +104,45 @@ def test_materialize_on_a_taken_ordinal_takes_another_free_one(plane: Plane, kan
     assert plane.coord.reserve(range(3)) == [0, 1, 2], "the other ordinal's reservation was released"
 
 
-def test_materialize_on_a_taken_ordinal_with_none_free_waits_for_it_without_touching_the_board(
+def test_materialize_on_a_taken_ordinal_with_none_free_waits_for_the_next_without_touching_the_board(
     plane: Plane, kanban: Board
 ) -> None:
-    rows = claimed(plane, kanban, n=3)  # every ordinal holds a live row
-    kanban.add_task("b", "late", task_id="late")
-    [claim] = kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
-    taken = row_state(plane.store, rows[0])["ordinal"]
-    assert plane.coord.reserve([taken]) == [taken]
-    job = {"board": "b", "task_id": "late", "run_id": claim.run_id, "ordinal": taken}
-    with pytest.raises(TransientError, match="none is free"):  # retried, its reservation kept
-        runner.run_key(plane, "materialize", job, NOW)
-    assert plane.coord.reserve([taken]) == [], "still reserved for the claim"
+    # Given every ordinal busy, and a claim for ordinal 0 whose reservation is gone (Redis restarted)
+    job = claim_on_a_taken_ordinal(plane, kanban, "late")
+    taken = job["ordinal"]
+    # When it finds its ordinal held and none free, Then it waits, holding no ordinal
+    assert runner.run_key(plane, "materialize", job, NOW) == "waits"
+    assert plane.coord.reserve([taken]) == [taken], "nothing reserved on a busy ordinal"
     assert kanban.get_task("b", "late").status is TaskStatus.RUNNING  # type: ignore[union-attr]
+    assert [c["task_id"] for c in waiting(plane)] == ["late"]
 
 
-def test_an_orphan_waits_first_in_line_on_a_busy_ordinal_and_new_claims_never_starve_it(
+def waiting(plane: Plane) -> list[dict[str, object]]:
+    return [json.loads(c) for c in plane.coord.take_waiting(100)]
+
+
+def test_a_waiting_claim_gets_the_first_ordinal_that_frees_before_any_new_claim(
+    plane: Plane, kanban: Board
+) -> None:
+    # Given every ordinal busy, a claim of ordinal 0 waiting for one, and a new task ready
+    job = claim_on_a_taken_ordinal(plane, kanban, "late")
+    first = job["ordinal"]
+    assert runner.run_key(plane, "materialize", job, NOW) == "waits"
+    kanban.add_task("b", "new", task_id="new")
+    # When another ordinal's row ends (not its own)
+    with plane.store.session() as s:
+        [busy] = [r for r in queries.rows(s) if r.ordinal != first][:1]
+    kanban.reassign_task("b", busy.task_id, assignee="alice", lane="humans")
+    assert runner.run_key(plane, "reconcile", busy.id, NOW) == "stale"
+    # Then dispatch hands that ordinal to the waiting claim, and claims nothing new
+    [served] = dispatched(plane)
+    assert (served["task_id"], served["ordinal"]) == ("late", busy.ordinal)
+    assert runner.run_key(plane, "materialize", served, NOW) == "added"
+    assert kanban.get_task("b", "new").status is TaskStatus.READY  # type: ignore[union-attr]
+    assert waiting(plane) == []
+
+
+def test_an_orphan_with_no_ordinal_free_waits_and_new_claims_never_starve_it(
     plane: Plane, kanban: Board
 ) -> None:
     # Given every ordinal busy and a claimed run with no row (its message was lost)
@@ -117,20 +150,19 @@ def test_an_orphan_waits_first_in_line_on_a_busy_ordinal_and_new_claims_never_st
     kanban.add_task("b", "orphan", task_id="orphan")
     kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
     kanban.add_task("b", "new", task_id="new")
-    # When reconcile hands it over: on a busy ordinal, where it waits
-    [orphan] = scanned(plane, "reconcile")["materialize"]
-    with pytest.raises(TransientError):
-        runner.run_key(plane, "materialize", orphan, NOW)
-    # and that ordinal's row ends: dispatch cannot take it for the new task
+    # When reconcile finds it: it waits for an ordinal (no message yet, nothing reserved)
+    assert scanned(plane, "reconcile").get("materialize", []) == []
+    # and a row ends: dispatch hands that ordinal to the orphan, not to the new task
     with plane.store.session() as s:
-        [busy] = [r for r in queries.rows(s) if r.ordinal == orphan["ordinal"]]
+        busy = queries.rows(s)[0]
     kanban.reassign_task("b", busy.task_id, assignee="alice", lane="humans")
     assert runner.run_key(plane, "reconcile", busy.id, NOW) == "stale"
-    assert dispatched(plane) == []
-    # Then the orphan's retry gets its row there
+    [orphan] = dispatched(plane)
+    assert orphan["task_id"] == "orphan" and orphan["ordinal"] == busy.ordinal
+    assert "seen" not in orphan, "served on the board's word then, not reconcile's old snapshot"
+    # Then it gets its row there
     assert runner.run_key(plane, "materialize", orphan, NOW) == "added"
-    with plane.store.session() as s:
-        assert [r.ordinal for r in queries.rows(s) if r.task_id == "orphan"] == [orphan["ordinal"]]
+    assert kanban.get_task("b", "new").status is TaskStatus.READY  # type: ignore[union-attr]
 
 
 def test_a_claim_retried_after_a_busy_board_keeps_its_ordinal_and_gets_its_row(

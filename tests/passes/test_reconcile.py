@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from board import Board, FlakyBoard
+from core.errors import TransientError
 from store import queries
 from store.models import RowState
 from tasks import runner
@@ -137,3 +138,20 @@ def test_a_corrupt_result_on_one_task_never_hides_an_orphan_of_its_board(
     assert sorted(c["task_id"] for c in queued["materialize"]) == ["corrupt", "healthy"]
     for claim in queued["materialize"]:
         assert runner.run_key(plane, "materialize", claim, NOW) == "added"
+
+
+def test_reconcile_releases_moved_on_rows_while_the_board_registry_fails(
+    plane: Plane, kanban: Board, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kanban.add_task("b", "task", task_id="t1")
+    [claim] = scanned(plane, "materialize")["materialize"]
+    assert runner.run_key(plane, "materialize", claim, NOW) == "added"
+    kanban.reassign_task("b", "t1", assignee="alice", lane="humans")  # the run moved on
+
+    def registry_down(**_: Any) -> list[str]:
+        raise TransientError("board: registry busy")
+
+    monkeypatch.setattr(plane.board, "list_boards", registry_down)
+    queued = scanned(plane, "reconcile")
+    assert queued["reconcile"] == [1]
+    assert runner.run_key(plane, "reconcile", 1, NOW) == "stale"

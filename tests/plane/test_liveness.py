@@ -9,7 +9,9 @@ import redis
 
 from core.settings import Settings
 from tasks import collectors, liveness, registry, scan
-from tasks.plane import LocalCoordination, Plane, RedisCoordination
+from tasks.coordination import LocalCoordination, queue_lists
+from tasks.plane import Plane
+from tasks.redis_coordination import RedisCoordination
 from tests.factories import NOW
 
 SETTINGS = Settings(namespace="live", tick_seconds=5, reconcile_seconds=30, gc_seconds=3600)
@@ -24,6 +26,7 @@ def test_a_finished_scan_stamps_its_pass(plane: Plane) -> None:
 def test_each_pass_is_late_after_three_of_its_own_intervals_without_a_scan() -> None:
     client = fakeredis.FakeRedis()
     coord = RedisCoordination(client, SETTINGS)
+    coord.record_scan("materialize", NOW - 3 * 30 - 1)  # the plane's first scan: reconcile was due
     coord.record_scan("expire", NOW - 3 * 5 + 1)  # just inside
     coord.record_scan("results", NOW - 3 * 5 - 1)  # just outside
     coord.record_scan("gc", NOW - 3 * 3600 + 1)
@@ -58,16 +61,25 @@ def test_one_tick_pass_that_stopped_scanning_is_enough_for_beat_not_alive() -> N
     assert liveness.read(client, SETTINGS, NOW).beat_alive is False
 
 
-def test_a_beat_just_started_is_alive_before_its_slower_passes_first_run() -> None:
-    """Beat runs gc and reconcile first one interval after it starts: never scanned, late on their own."""
+def test_a_beat_just_started_is_alive_and_its_slower_passes_not_late_before_they_are_due() -> None:
+    """Beat runs gc and reconcile first one interval after it starts: never scanned, and late only
+    once the plane has scanned for three of their intervals (a fresh deployment's gc: 3 hours)."""
     client = fakeredis.FakeRedis()
-    for p in registry.PASSES:
-        if p.interval(SETTINGS) == SETTINGS.tick_seconds:
-            RedisCoordination(client, SETTINGS).record_scan(p.name, NOW)
+
+    def tick_passes_scan(at: float) -> None:
+        for p in registry.PASSES:
+            if p.interval(SETTINGS) == SETTINGS.tick_seconds:
+                RedisCoordination(client, SETTINGS).record_scan(p.name, at)
+
+    tick_passes_scan(NOW)
     health = liveness.read(client, SETTINGS, NOW + 1)
     assert health.beat_alive is True
-    assert {p.name for p in health.scans if p.late} == {"reconcile", "gc"}
+    assert {p.name for p in health.scans if p.late} == set()
     assert metric(client, NOW + 1, "poolkeeper_beat_alive") == 1
+    tick_passes_scan(NOW + 3 * 30 + 1)
+    assert {p.name for p in liveness.read(client, SETTINGS, NOW + 3 * 30 + 1).scans if p.late} == {
+        "reconcile"
+    }
     assert liveness.read(fakeredis.FakeRedis(), SETTINGS, NOW).beat_alive is False  # nothing ever scanned
 
 
@@ -79,7 +91,7 @@ def metric(client: fakeredis.FakeRedis, now: float, name: str) -> float:
 
 def test_queue_depth_counts_every_priority_list_of_this_namespace_only() -> None:
     client = fakeredis.FakeRedis()
-    first, *_, last = liveness.queue_lists(SETTINGS)
+    first, *_, last = queue_lists(SETTINGS)
     assert first == "live.maintenance" and last == "live.maintenance\x06\x169"
     client.rpush(first, "a", "b")
     client.rpush(last, "c")

@@ -20,13 +20,15 @@ from sqlalchemy import text
 from board import TaskStatus
 from core.errors import StaleHolder
 from core.settings import Settings
-from poolkeeper.client import envelope
 from poolkeeper.embedded import CeleryProc, free_port, wait_for
 from poolkeeper.simulate import Faults, SimPool
+from poolkeeper.workerhost.client import envelope
 from store import Offer, PoolStore
 from tasks import registry, scan
+from tasks.coordination import process_task, queue_name
 from tasks.declaration import Outcome
-from tasks.plane import Plane, RedisCoordination, adrift_lead, adrift_seconds, process_task, queue_name
+from tasks.plane import Plane
+from tasks.redis_coordination import RedisCoordination, adrift_lead, adrift_seconds
 from tests.factories import OWNER
 from tests.helpers import PlaneEnv, make_settings
 
@@ -177,7 +179,7 @@ def test_killed_worker_converges_after_restart(env: PlaneEnv) -> None:
         pool.stop()
     assert set(env.rows()) == set(ids)
     # A message lost with the killed worker frees its key's marker within a hold (half a tick,
-    # tasks.plane.hold_seconds) and the next scan sends the key again; 30 s of room for the rest.
+    # tasks.redis_coordination.hold_seconds) and the next scan sends the key again; 30 s of room for the rest.
     bound = 30
     terminal = ("finalized", "stale")
     wait_for("every row terminal", lambda: all(r.state in terminal for r in env.rows().values()), bound)

@@ -1,5 +1,5 @@
 """Who serves the pool: each ordinal's pool worker (``store.numbers``) and the Celery workers and
-beats of the namespace, by their beacons (``tasks.plane.Beacon``, read by ``tasks.liveness``)."""
+beats of the namespace, by their beacons (``tasks.redis_coordination.Beacon``, read by ``tasks.liveness``)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from poolkeeper.cli import render
 from poolkeeper.embedded import wait_for
 from poolkeeper.status import snapshot
 from store import PoolStore, audit, numbers, pause
-from tasks import liveness, plane
-from tasks.plane import Beacon
+from tasks import coordination, liveness, redis_coordination
+from tasks.redis_coordination import Beacon
 from tests.factories import NOW, OWNER, envelope
 from tests.helpers import PlaneEnv
 
@@ -83,15 +83,15 @@ def test_a_beacon_is_online_within_three_stamps_then_gone_since_its_last() -> No
 
 def test_the_beacons_are_kept_bounded_and_the_long_gone_forgotten() -> None:
     client = fakeredis.FakeRedis()
-    key = plane.processes_key(SETTINGS.namespace)
-    client.hset(key, "ancient", f"worker {NOW - plane.FORGET_PROCESS_SECONDS - 1!r}")
+    key = coordination.processes_key(SETTINGS.namespace)
+    client.hset(key, "ancient", f"worker {NOW - redis_coordination.FORGET_PROCESS_SECONDS - 1!r}")
     client.hset(key, "someone-else", "not a beacon")
-    for i in range(plane.MAX_PROCESSES + 5):
+    for i in range(redis_coordination.MAX_PROCESSES + 5):
         Beacon(client, SETTINGS, "worker", f"w{i:03}").stamp(NOW + i)
     names = set(client.hkeys(key))
-    assert len(names) == plane.MAX_PROCESSES
+    assert len(names) == redis_coordination.MAX_PROCESSES
     assert b"ancient" not in names and b"someone-else" not in names and b"w000" not in names
-    assert f"w{plane.MAX_PROCESSES + 4:03}".encode() in names  # the newest stay
+    assert f"w{redis_coordination.MAX_PROCESSES + 4:03}".encode() in names  # the newest stay
 
 
 def test_without_redis_the_celery_processes_are_unknown_not_an_error() -> None:

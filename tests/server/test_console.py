@@ -20,12 +20,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -34,15 +36,16 @@ from sqlalchemy import text
 from board import Board, TaskStatus, open_board
 from core.settings import Settings
 from poolkeeper import tokens
-from poolkeeper.client import PoolClient
 from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, free_port, wait_for
+from poolkeeper.workerhost.client import PoolClient
 from store import PoolStore, audit
 from store.models import EventKind
 from tasks import failures, registry
-from tasks.liveness import queue_lists
-from tasks.plane import LocalCoordination, Plane, RedisCoordination
+from tasks.coordination import LocalCoordination, queue_lists
+from tasks.plane import Plane
+from tasks.redis_coordination import RedisCoordination
 from tests import browser
-from tests.factories import row_state
+from tests.factories import envelope, row_state
 from tests.helpers import DAY, staff
 
 SECRET = "console-test-secret-" + "0123456789abcdef" * 3
@@ -426,6 +429,30 @@ def test_a_board_task_is_unblocked_and_cancelled_from_the_board_page(
     assert row_state(console.store, row)["state"] == "stale"
 
 
+def test_a_board_opens_at_its_path_as_at_its_query(console: Console) -> None:
+    console.kanban.add_task("b", "a task at the path", task_id="atpath")
+    with httpx.Client(base_url=console.url, follow_redirects=True) as http:
+        http.post("/ui/login", data={"token": tokens.viewer_token(SECRET)})
+        got = http.get("/ui/board/b")
+        assert (got.status_code, got.url.path, got.url.params["board"]) == (200, "/ui/board", "b")
+        assert "a task at the path" in got.text
+        assert http.get("/ui/board/nope").status_code == 404  # the query's own answer: no such board
+
+
+def test_a_rows_timeline_tells_events_apart_below_the_second(console: Console) -> None:
+    row = console.quarantined_row()
+    with console.store.session(readonly=True) as s:
+        ats = s.execute(
+            text("SELECT at FROM audit_events WHERE row_id = :r ORDER BY id"), {"r": row}
+        ).scalars()
+        shown = [datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC" for at in ats]
+    with httpx.Client(base_url=console.url) as http:
+        http.post("/ui/login", data={"token": tokens.viewer_token(SECRET)})
+        page = http.get(f"/ui/rows/{row}").text
+    timeline = re.findall(r"<time datetime=\"[^\"]*\">([^<]*)</time>", page)
+    assert timeline == shown and len(shown) > 3
+
+
 def test_a_missing_or_wrong_token_is_refused_and_changes_nothing(driver: WebDriver, console: Console) -> None:
     row = console.quarantined_row()
     before = row_state(console.store, row)
@@ -656,17 +683,20 @@ def test_the_pages_numbers_equal_poolctl_status_json(
         expected[key] = str(status[key])
     expected["beat_alive"] = "alive" if status["beat_alive"] else "not scanning"
     for name, scan in status["scans"].items():
-        expected[f"scans.{name}"] = "never" if scan["last"] is None else "late" if scan["late"] else "ago"
+        never = "never" if scan["late"] else "not yet due"
+        expected[f"scans.{name}"] = never if scan["last"] is None else "late" if scan["late"] else "ago"
 
     def shown() -> dict[str, str]:
         got = {key: metric(driver, key) for key in expected}
         for key in [k for k in got if k.startswith("scans.")]:
             text = got[key]
-            got[key] = "never" if text == "never" else "late" if text.endswith("(late)") else "ago"
+            got[key] = (
+                text if text in ("never", "not yet due") else "late" if text.endswith("(late)") else "ago"
+            )
         return got
 
     until("the page to show the numbers of `poolctl status --json`", lambda: shown() == expected, 10)
-    assert expected["scans.gc"] == "late" and expected["scans.reconcile"] == "never"
+    assert expected["scans.gc"] == "late" and expected["scans.reconcile"] == "not yet due"  # the plane is new
 
 
 def test_without_redis_the_plane_numbers_are_unknown_not_an_error(tmp_path: Path) -> None:
@@ -737,14 +767,22 @@ def test_the_pages_are_keyboard_reachable_and_readable_light_and_dark(
     signed_in(driver, console)
     wanted = {"nav-overview", "nav-board", "sign-out", "state-assigned", f"quarantined-{row}", "ord-0"}
     seen: list[str] = []
-    driver.find_element(By.TAG_NAME, "body").send_keys(Keys.TAB)
+
+    # Tab goes to whatever has focus, as a keyboard's does: a live partial may swap the
+    # focused element out between two presses, so no element is addressed by reference.
+    def tab() -> None:
+        ActionChains(driver).send_keys(Keys.TAB).perform()
+
+    tab()
     while not wanted <= set(seen) and len(seen) < 40:
-        active = driver.switch_to.active_element
-        seen.append(active.get_attribute("id") or active.tag_name)
-        if active.tag_name in ("a", "button"):
-            style = driver.execute_script("return getComputedStyle(arguments[0]).outlineStyle", active)
-            assert style != "none", f"focus not visible on {seen[-1]}"
-        active.send_keys(Keys.TAB)
+        active = driver.execute_script(
+            "const a = document.activeElement, tag = a.tagName.toLowerCase();"
+            " return [a.id || tag, tag, getComputedStyle(a).outlineStyle]"
+        )
+        seen.append(active[0])
+        if active[1] in ("a", "button"):
+            assert active[2] != "none", f"focus not visible on {seen[-1]}"
+        tab()
     assert wanted <= set(seen), seen
 
     colours = {}
@@ -829,6 +867,7 @@ GETS = [
     "/ui/rows/1?done={}",
     "/ui/live/rows/{}",
     "/ui/board?board={}",
+    "/ui/board/{}",
     "/ui/board?done={}",
     "/ui/live/board?board={}",
     "/ui/trends?window={}",
@@ -980,7 +1019,7 @@ def test_two_sign_ins_in_the_same_second_get_different_sessions(store: PoolStore
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from poolkeeper.server.console_auth import COOKIE, ConsoleAuth
+    from poolkeeper.console.auth import COOKIE, ConsoleAuth
 
     auth = ConsoleAuth(SECRET, store)
     scope = {"type": "http", "scheme": "http", "method": "POST", "path": "/ui/login", "headers": []}
@@ -1046,3 +1085,57 @@ def test_the_trends_page_shows_a_failure_spike_without_a_reload(driver: WebDrive
         colours[scheme] = in_page(driver, f"getComputedStyle({line}).stroke")
     browser.color_scheme(driver, "light")
     assert colours["light"] != colours["dark"], colours
+
+
+def test_a_rows_page_shows_what_the_run_was_and_printed_escaped(console: Console) -> None:
+    row = console.claimed_row("printed", 1)
+    offer = console.store.offer(1, owner="w1")
+    assert offer is not None and offer.row_id == row
+    result = {
+        "status": "done",
+        "exit_code": 3,
+        "stdout_tail": "line one\nline <two>\n",
+        "stderr_tail": "\x1b[2Jgone",
+    }
+    console.store.accept_result({**envelope(offer, "r1"), "payload": result})
+    with httpx.Client(base_url=console.url) as http:
+        http.post("/ui/login", data={"token": tokens.viewer_token(SECRET)})
+        page = http.get(f"/ui/rows/{row}").text
+    run = page[page.index('id="h-run"') : page.index('id="h-children"')]
+    assert '<dd data-field="result-exit_code">3</dd>' in run
+    assert "line one\nline &lt;two&gt;\n" in run and "\\x1b[2Jgone" in run and "\x1b" not in page
+    assert "{&#34;t&#34;: 1}" in run  # the payload (claimed_row's)
+    assert re.search(r'data-field="times">waited \d+\.\d{3}s, ran \d+\.\d{3}s, total \d+\.\d{3}s<', run)
+
+
+def test_signing_out_with_an_expired_session_is_checked_and_records_nothing(console: Console) -> None:
+    from sqlalchemy import func, select
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from poolkeeper.console.auth import COOKIE, SESSION_SECONDS, ConsoleAuth
+    from store.models import ConsoleSignout
+
+    auth = ConsoleAuth(SECRET, console.store)
+    scope = {"type": "http", "scheme": "http", "method": "POST", "path": "/ui/login", "headers": []}
+    response = Response()
+    auth.start_session(Request(scope), response, now=time.time() - SESSION_SECONDS - 60)
+    expired = response.headers["set-cookie"].split(";", 1)[0].split("=", 1)[1]
+    check = auth.csrf(Request({**scope, "headers": [(b"cookie", f"{COOKIE}={expired}".encode())]}))
+
+    def signouts() -> int:
+        with console.store.session(readonly=True) as s:
+            return int(s.scalar(select(func.count()).select_from(ConsoleSignout)) or 0)
+
+    with httpx.Client(base_url=console.url, cookies={COOKIE: expired}) as http:
+        for form, headers in (
+            ({}, {}),
+            ({"csrf": "forged"}, {}),
+            ({"csrf": check}, {"Origin": "http://evil.test"}),
+        ):
+            got = http.post("/ui/logout", data=form, headers=headers)
+            assert got.status_code == 403 and "Nothing was changed" in got.text, got.text[-300:]
+        assert signouts() == 0
+        got = http.post("/ui/logout", data={"csrf": check})  # its own check value: the cookie goes
+        assert got.status_code == 303 and got.headers["location"] == "/ui/login"
+    assert signouts() == 0  # an expired session needs no sign-out kept

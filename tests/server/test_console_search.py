@@ -16,8 +16,8 @@ from sqlalchemy import text
 from board import Board
 from core.settings import Settings
 from poolkeeper import tokens
-from poolkeeper.server import console_lists
-from poolkeeper.server.app import create_app
+from poolkeeper.console import lists as console_lists
+from poolkeeper.serve import create_app
 from store import PoolStore, audit
 from store.models import EventKind, RowState
 from tests.factories import RowFactory, row_state

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from poolkeeper.server import console_trends, console_views
+from poolkeeper.console import trends as console_trends
+from poolkeeper.console import views as console_views
 from tests.factories import NOW
 
 STARTS = [NOW // 60 * 60 + 60 * i for i in range(-59, 1)]

@@ -12,8 +12,8 @@ import pytest
 
 from core.errors import TransientError, Unauthenticated
 from poolkeeper import tokens
-from poolkeeper.server import deps
-from poolkeeper.server.group import GroupCommit
+from poolkeeper.api import deps
+from poolkeeper.api.group import GroupCommit
 
 
 def test_each_item_gets_its_own_answer_and_a_failed_batch_is_retried_one_per_transaction() -> None:

@@ -24,8 +24,8 @@ from core.errors import ConfigError
 from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.embedded import free_port
-from poolkeeper.server.app import create_app
-from poolkeeper.server.errors import pool_error
+from poolkeeper.http.errors import pool_error
+from poolkeeper.serve import create_app
 from store import PoolStore
 
 SECRET = "hostile-test-secret-" + "0123456789abcdef" * 3

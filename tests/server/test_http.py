@@ -25,8 +25,8 @@ from sqlalchemy import text
 from core.errors import DeliveryConflict, InvalidInput, LineageTooDeep, NotFound, StaleHolder
 from core.settings import Settings
 from poolkeeper import tokens
-from poolkeeper.client import Grant, PoolClient
 from poolkeeper.embedded import ServeProc, free_port, wait_for
+from poolkeeper.workerhost.client import Grant, PoolClient
 from store import PoolStore
 from tests.factories import row_state
 
@@ -504,7 +504,8 @@ def test_tokens_come_from_the_secret_file(tmp_path: Path) -> None:
     assert viewer == tokens.viewer_token(SECRET) and viewer.startswith("view.")
     assert tokens.verify(SECRET, viewer) == tokens.VIEWER
     both = poolctl(tmp_path, "token", "--operator", "--viewer", env=env)
-    assert both.returncode == 2 and "exactly one of --ordinal N, --operator and --viewer" in both.stderr
+    assert both.returncode == 2
+    assert "exactly one of --ordinal N, --operator, --viewer and --board" in both.stderr
     assert poolctl(tmp_path, "token", "--ordinal", "3", env=env).returncode == 2  # POOL_SIZE is 3
     assert poolctl(tmp_path, "token", "--ordinal", "0", env={}).returncode == 2
 
@@ -713,7 +714,9 @@ def test_no_generated_input_gets_a_5xx_or_breaks_the_schema(
     header = (
         [] if auth == "local-only" else ["-H", f"Authorization: Bearer {tokens.ordinal_token(SECRET, 0)}"]
     )
-    for served in start(sqlite_settings, tmp_path, sqlite_store, **options):
+    # An offer on an ordinal with no run waits up to POOL_OFFER_WAIT_SECONDS: short here, under the timeout
+    waiting = replace(sqlite_settings, offer_wait_seconds=0.2)
+    for served in start(waiting, tmp_path, sqlite_store, **options):
         done = subprocess.run(
             [
                 str(Path(sys.executable).with_name("st")),

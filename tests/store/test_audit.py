@@ -7,10 +7,8 @@ trail, which the property below allows only where such a step happened.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
-import logging
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -279,52 +277,6 @@ def test_passes_and_operator_write_attributed_events_of_the_most_specific_kind(
     assert actors == {MATERIALIZE, EXPIRE, "pass:results", "operator", *workers}  # never UNATTRIBUTED
 
 
-# --- retention --------------------------------------------------------------------
-
-
-def test_gc_collects_only_events_past_the_retention_in_batches(plane: Plane, store: PoolStore) -> None:
-    retention = plane.settings.retention_seconds
-    now = NOW + 2 * retention
-    old = [
-        audit.Event(1, EventKind.FAILURE, EXPIRE, "running", "running", 1, 1, f"old {i}") for i in range(7)
-    ]
-    kept = audit.Event(1, EventKind.FAILURE, EXPIRE, "running", "running", 1, 1, "kept")
-    with store.session() as s:
-        audit.append(s, old, now=now - retention - 1)
-        audit.append(s, [kept], now=now - retention + 1)
-    plane.settings = dataclasses.replace(plane.settings, gc_batch=3)
-    assert gc.collect(plane, now) == gc.Collected(events=7)
-    assert [e["detail"] for e in trail(store, 1)] == ["kept"]
-    assert runner.run_key(plane, "gc", "all", now) == "nothing"
-
-
-def test_gc_sweeps_until_caught_up_and_says_when_its_budget_ends_first(
-    plane: Plane, store: PoolStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The rate is the database's: a sweep is not capped at a count of batches (20 once), so a
-    pool that writes more in an interval than the cap would delete does not grow without end;
-    a sweep that runs out of time says it is behind, and the next one goes on."""
-    retention = plane.settings.retention_seconds
-    now = NOW + 2 * retention
-    old = [audit.Event(1, EventKind.FAILURE, EXPIRE, "running", "running", 1, 1, f"{i}") for i in range(100)]
-    with store.session() as s:
-        audit.append(s, old, now=now - retention - 1)
-        audit.append(s, old[:1], now=now)  # kept: not old yet
-    plane.settings = dataclasses.replace(plane.settings, gc_batch=1)
-
-    with monkeypatch.context() as m, caplog.at_level(logging.INFO, logger="poolkeeper.maintenance"):
-        m.setattr(gc, "allowed_seconds", lambda _plane: 0.0)  # the budget ends after one batch
-        assert runner.run_key(plane, "gc", "all", now) == "collected"
-    (line,) = [r for r in caplog.records if r.getMessage().startswith("gc:")]
-    assert line.levelno == logging.WARNING and "behind" in line.getMessage(), line.getMessage()
-
-    ticks = iter(range(100))  # each batch takes a third of the budget: the third ends the sweep
-    clock = lambda: next(ticks) * gc.allowed_seconds(plane) / 3  # noqa: E731
-    assert gc.collect(plane, now, clock=clock) == gc.Collected(events=3, behind=True)
-    assert gc.collect(plane, now) == gc.Collected(events=96)  # 96 batches: more than any fixed cap
-    assert len(trail(store, 1)) == 1
-
-
 # --- poolctl rows ROW --history ---------------------------------------------------------
 
 
@@ -484,10 +436,10 @@ class TrailMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def expire(self, data: st.DataObject) -> None:
         row_id, b = self._drawn(data)
-        try:
-            with self.store.session() as s:
-                transitions.expire(s, row_id, max_attempts=MAX_ATTEMPTS, now=self.now, actor=EXPIRE)
-        except LostRace:
+        with self.store.session() as s:
+            got = transitions.expire_many(s, [row_id], max_attempts=MAX_ATTEMPTS, now=self.now, actor=EXPIRE)
+        assert not got.refused
+        if row_id not in got.moved:  # lost its race: not running with an ended lease
             assert not (b["state"] == "running" and (b["lease_until"] or 0) < self.now)
             return
         last = b["attempt"] >= MAX_ATTEMPTS

@@ -37,7 +37,9 @@ def holder_events(store: PoolStore, row_id: int) -> list[tuple[Any, ...]]:
 
 def expire(store: PoolStore, row_id: int, now: float) -> RowState:
     with store.session() as s:
-        return transitions.expire(s, row_id, max_attempts=store.max_attempts, now=now).state
+        return (
+            transitions.expire_many(s, [row_id], max_attempts=store.max_attempts, now=now).moved[row_id].state
+        )
 
 
 # --- restart re-grant ----------------------------------------------------------

@@ -33,7 +33,7 @@ while True:
     offer = store.offer(0, owner="w")
     time.sleep(0.002)
     with store.session() as s:
-        transitions.expire(s, offer.row_id, max_attempts=1, now=time.time())  # -> lease_failed
+        transitions.expire_many(s, [offer.row_id], max_attempts=1, now=time.time())  # -> lease_failed
     print(i, offer.fence, flush=True)  # acknowledged: committed before this line
 """
 

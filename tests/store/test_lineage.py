@@ -352,12 +352,18 @@ def _end_by_result(store: PoolStore, offer: Offer) -> None:
 
 def _end_by_expiry(store: PoolStore, offer: Offer) -> None:
     with store.session() as s:
-        transitions.expire(s, offer.row_id, max_attempts=3, now=offer.lease_until + 1)
+        assert (
+            offer.row_id
+            in transitions.expire_many(s, [offer.row_id], max_attempts=3, now=offer.lease_until + 1).moved
+        )
 
 
 def _end_by_last_expiry(store: PoolStore, offer: Offer) -> None:
     with store.session() as s:
-        transitions.expire(s, offer.row_id, max_attempts=1, now=offer.lease_until + 1)
+        assert (
+            offer.row_id
+            in transitions.expire_many(s, [offer.row_id], max_attempts=1, now=offer.lease_until + 1).moved
+        )
 
 
 def _end_by_release(store: PoolStore, offer: Offer) -> None:

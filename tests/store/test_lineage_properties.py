@@ -171,7 +171,7 @@ class LineageMachine(RuleBasedStateMachine):
             due = queries.due_expired(s, now=self.now, limit=100)
         for row_id in (row.id for row in due):
             with self.store.session() as s:
-                transitions.expire(s, row_id, max_attempts=MAX_ATTEMPTS, now=self.now)
+                transitions.expire_many(s, [row_id], max_attempts=MAX_ATTEMPTS, now=self.now)
 
     @rule(
         to=st.sampled_from([RowState.FINALIZED, RowState.STALE]),
@@ -282,7 +282,9 @@ class LineageMachine(RuleBasedStateMachine):
         g = self.holder(data)
         kid = data.draw(st.sampled_from(self.kids)) if self.kids else None
         steps: dict[str, Callable[[Session], Any]] = {
-            "expire": lambda s: transitions.expire(s, g.row_id, max_attempts=MAX_ATTEMPTS, now=self.now),
+            "expire": lambda s: transitions.expire_many(
+                s, [g.row_id], max_attempts=MAX_ATTEMPTS, now=self.now
+            ),
             "result": lambda s: worker.accept_result(
                 s, Envelope.parse(_envelope(g, "crash", True), pool_size=POOL, with_result=True), now=self.now
             ),

@@ -183,7 +183,11 @@ class StoreMachine(RuleBasedStateMachine):
             due = queries.due_expired(s, now=self.now, limit=100)
         for row_id in (row.id for row in due):
             with self.store.session() as s:
-                new = transitions.expire(s, row_id, max_attempts=MAX_ATTEMPTS, now=self.now).state
+                new = (
+                    transitions.expire_many(s, [row_id], max_attempts=MAX_ATTEMPTS, now=self.now)
+                    .moved[row_id]
+                    .state
+                )
             if new is RowState.LEASE_FAILED:
                 self._release(row_id)
 

@@ -121,7 +121,9 @@ def test_reoffer_after_expiry_keeps_identity_with_new_fence(store: PoolStore) ->
     first = given_running(store, 0)
     with store.session() as s:
         assert (
-            transitions.expire(s, first.row_id, max_attempts=3, now=first.lease_until + 1).state
+            transitions.expire_many(s, [first.row_id], max_attempts=3, now=first.lease_until + 1)
+            .moved[first.row_id]
+            .state
             is RowState.ASSIGNED
         )
     again = store.offer(0, owner=OWNER, now=first.lease_until + 2)
@@ -231,7 +233,7 @@ def test_result_moves_the_row_to_result_once(store: PoolStore) -> None:
 def test_result_from_the_previous_attempt_is_refused(store: PoolStore) -> None:
     old = given_running(store)
     with store.session() as s:
-        transitions.expire(s, old.row_id, max_attempts=3, now=old.lease_until + 1)
+        transitions.expire_many(s, [old.row_id], max_attempts=3, now=old.lease_until + 1)
     new = store.offer(0, owner=OWNER, now=old.lease_until + 2)
     assert new is not None
     with pytest.raises(StaleHolder):
@@ -257,25 +259,26 @@ def test_expire_reoffers_until_the_last_attempt_then_lease_failed(
 ) -> None:
     row = make_row(RowState.RUNNING, attempt=2, lease_until=NOW - 1)
     with store.session() as s:
-        assert transitions.expire(s, row, max_attempts=3, now=NOW).state is RowState.ASSIGNED
+        assert (
+            transitions.expire_many(s, [row], max_attempts=3, now=NOW).moved[row].state is RowState.ASSIGNED
+        )
     assert row_state(store, row)["attempt"] == 3
     offer = store.offer(0, owner=OWNER, now=NOW)
     assert offer is not None
     with store.session() as s:
         assert (
-            transitions.expire(s, row, max_attempts=3, now=offer.lease_until + 1).state
+            transitions.expire_many(s, [row], max_attempts=3, now=offer.lease_until + 1).moved[row].state
             is RowState.LEASE_FAILED
         )
         assert queries.free_ordinals(s, 3) == [0, 1, 2]
     assert row_state(store, row)["attempt"] == 3
 
 
-def test_expire_of_a_live_lease_or_other_state_is_a_lost_race(store: PoolStore, make_row: RowFactory) -> None:
+def test_expire_of_a_live_lease_or_other_state_moves_nothing(store: PoolStore, make_row: RowFactory) -> None:
     live = make_row(RowState.RUNNING, ordinal=0, lease_until=NOW)
     other = make_row(RowState.RESULT, ordinal=1, lease_until=NOW - 10)
-    for row in (live, other):
-        with pytest.raises(LostRace), store.session() as s:
-            transitions.expire(s, row, max_attempts=3, now=NOW)
+    with store.session() as s:
+        assert transitions.expire_many(s, [live, other], max_attempts=3, now=NOW) == ({}, {})
     assert row_state(store, live)["state"] == "running"
     assert row_state(store, other)["state"] == "result"
 

@@ -12,10 +12,12 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.embedded import ServeProc, wait_for
 from store import PoolStore
@@ -189,3 +191,51 @@ def test_the_token_file_and_a_token_are_one_or_the_other(server: ServeProc, tmp_
         )
         last = done.stderr.strip().splitlines()[-1]
         assert done.returncode == 2 and last.startswith("poolctl: ") and words in last, done.stderr
+
+
+def test_once_against_a_port_where_nothing_listens_gives_up_within_its_bound(server: ServeProc) -> None:
+    # Given a port where nothing listens (a mistyped one)
+    server.stop()
+    # When a worker is told to serve once there, giving up after 2 s without an answer
+    started = time.monotonic()
+    proc = worker(server, "true", "--once", "--give-up", "2", "--poll", "0.1")
+    try:
+        _, err = proc.communicate(timeout=40)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("poolctl worker --once still polling a port where nothing listens after 40 s")
+    took = time.monotonic() - started
+    # Then it exits 69 (nothing listens), its last line naming where, within the bound and one offer's tries
+    assert proc.returncode == 69, err[-2000:]
+    assert f"127.0.0.1:{server.port}" in err.strip().splitlines()[-1]
+    assert took <= 2 + 15, f"gave up after {took:.1f}s"
+
+
+def test_the_help_says_once_gives_up() -> None:
+    done = subprocess.run([*POOLCTL, "worker", "--help"], capture_output=True, text=True, timeout=60)
+    assert "--give-up" in done.stdout and "gives up" in " ".join(done.stdout.split())
+
+
+def test_a_long_running_worker_says_once_when_its_server_is_back(
+    server: ServeProc, settings: Settings, tmp_path: Path
+) -> None:
+    # Given a worker polling its server
+    proc = worker(server, "true", "--poll", "0.1", "--wait", "0")  # its offers answered at once
+    again = None
+    try:
+        time.sleep(1.5)
+        # When the server goes away for a while and comes back on the same port
+        server.stop()
+        time.sleep(8)  # longer than the client's own retries of one call (about 3 to 6 s)
+        env = replace(settings, lease_seconds=1.5).env()
+        again = ServeProc(env, tmp_path, secret=SECRET, name="serve-again", port=server.port).wait_ready()
+        time.sleep(2)  # a few offers answered
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        if again is not None:
+            again.stop()
+    # Then its log says so, once
+    back = [line for line in err.splitlines() if "answers again" in line]
+    assert len(back) == 1, err[-3000:]
+    assert f"the server at {server.url} answers again, after" in back[0]

@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 
 from core.errors import InvalidInput, NotFound, StaleHolder, TransientError
-from core.settings import Settings
-from poolkeeper.client import Grant, PoolClient
 from poolkeeper.embedded import ServeProc, wait_for
-from poolkeeper.worker import CommandWorker, Held, printable, storable
-from poolkeeper.worker_state import RESULT
+from poolkeeper.workerhost.client import Grant, PoolClient
+from poolkeeper.workerhost.state import RESULT
+from poolkeeper.workerhost.worker import CommandWorker, Held, printable, storable
 from store import PoolStore
 from tests.factories import row_state
-from tests.helpers import SECRET, finished, given_run, python, state_dir, worker
+from tests.helpers import finished, given_run, python, worker
+from tests.worker.conftest import Outage, gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -85,14 +85,6 @@ def started(log: Path, n: int = 1) -> Callable[[], bool]:
     return lambda: sum(w[0] == "start" for w in executions(log)) >= n
 
 
-def gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rfind(")") + 2] in "ZX"
-
-
 def parent_of(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat[stat.rfind(")") + 2 :].split()[1])
@@ -106,30 +98,6 @@ def leftovers() -> Iterator[list[int]]:
     for pid in pids:
         if not gone(pid):
             os.kill(pid, signal.SIGKILL)
-
-
-class Outage:
-    """A ``serve`` with 30 s leases that a test takes down and brings back on the same port."""
-
-    def __init__(self, settings: Settings, tmp: Path) -> None:
-        self.env, self.tmp, self.n = replace(settings, lease_seconds=30).env(), tmp, 0
-        self.proc = ServeProc(self.env, tmp, secret=SECRET).wait_ready()
-        self.log, self.port, self.url = self.proc.log, self.proc.port, self.proc.url
-
-    def down(self) -> None:
-        self.proc.stop()
-
-    def up(self) -> None:
-        self.n += 1
-        self.proc = ServeProc(self.env, self.tmp, secret=SECRET, port=self.port, name=f"serve{self.n}")
-        self.proc.wait_ready()
-
-
-@pytest.fixture
-def outage(settings: Settings, store: PoolStore, tmp_path: Path) -> Iterator[Outage]:
-    serving = Outage(settings, tmp_path)
-    yield serving
-    serving.down()
 
 
 def test_a_killed_workers_command_and_its_grandchild_die_with_it(
@@ -202,15 +170,7 @@ def test_a_restarted_worker_delivers_the_spooled_result_before_asking_for_a_gran
     log = tmp_path / "runs.log"
     first = worker(outage.proc, recording(log, "gate"))
     wait_for("the command to start", started(log), 60)
-    outage.down()
-    Path(f"{log}.go").touch()
-    spool = state_dir(outage.proc) / "ordinal-0" / "result.json"
-    try:
-        wait_for("the result to be spooled", spool.exists, 10)
-    finally:
-        first.kill()  # SIGKILL while it retries the delivery
-        first.wait(10)
-    outage.up()
+    spool = outage.spooled_then_killed(first, log)
     err = finished(worker(outage.proc, recording(log, "gate"), "--once"))
     state = row_state(store, row)
     assert state["state"] == "result", err[-3000:]

@@ -1,0 +1,249 @@
+"""What the console's search, paged rows list and bulk actions read and do (docs/design.md, "Console").
+
+Every list is one page of an explicit size, with where it stands ("1-50 of 312",
+"of more than 10,000", or "more…"), never cut silently. Every query is bounded: a
+page is a ``LIMIT``, a count stops at ``COUNT_UPTO``, and the audit trail is searched
+only among its newest ``AUDIT_WINDOW`` events (a primary-key range, no index added).
+
+A bulk action names its rows: those ticked on a page (at most ``PAGE_SIZES[-1]``), or
+every row matching a filter (the first ``BULK_CAP`` by id). The confirmation lists them
+and carries their digest; the POST resolves the same selection again and acts only if
+it still names the same rows. Each row then goes through ``Pages.act_on_row``, what
+``poolctl requeue`` and ``abandon`` call, one by one, so each is its own guarded
+transition and audit event with the operator's reason; a refusal is that row's result,
+never its neighbours'.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
+
+from core import validate
+from core.errors import InvalidInput, PoolError
+from poolkeeper import operator
+from poolkeeper.console.views import Pages
+from poolkeeper.status import row_view
+from store import audit, queries
+from store.models import Assignment, RowState
+
+log = logging.getLogger("poolkeeper.console")
+PAGE_SIZES = (25, 50, 100, 200)
+PAGE_SIZE = 50
+COUNT_UPTO = queries.SEARCH_COUNT_UPTO  # a list counts this far, then says "more than"
+AUDIT_WINDOW = 50_000  # search reads the newest this many audit events
+BULK_CAP = 1000  # rows one bulk action acts on at most
+BULK_LISTED = 100  # rows a confirmation shows in full (every id is listed)
+
+
+@dataclass(frozen=True)
+class Paging:
+    """One page of a list: which, how big, and what is beside it (``total`` None: not counted)."""
+
+    page: int
+    size: int
+    shown: int
+    total: int | None  # counted up to COUNT_UPTO
+    more: bool  # a next page exists
+    query: dict[str, str] = field(default_factory=dict)  # the list's other parameters, for the links
+    param: str = "page"  # the query parameter that names this list's page
+
+    @property
+    def first(self) -> int:
+        return (self.page - 1) * self.size + 1 if self.shown else 0
+
+    @property
+    def last(self) -> int:
+        return self.first + self.shown - 1 if self.shown else 0
+
+    @property
+    def more_than(self) -> bool:
+        return self.total is not None and self.total >= COUNT_UPTO
+
+    def href(self, page: int) -> str:
+        return "?" + urlencode({**self.query, self.param: page, "size": self.size})
+
+
+def paging(page: str, size: str) -> tuple[int, int]:
+    """The page number and size of a list's ``?page=&size=`` (422 for anything else)."""
+    if size not in {str(n) for n in PAGE_SIZES}:
+        raise InvalidInput("size", f"a page holds one of {', '.join(map(str, PAGE_SIZES))} rows")
+    pages = COUNT_UPTO // int(size) + 1
+    if not (page.isascii() and page.isdigit() and len(page) <= 6 and 1 <= int(page) <= pages):
+        raise InvalidInput("page", f"a page is a whole number from 1 to {pages}")
+    return int(page), int(size)
+
+
+def row_filter(state: str, quarantined: str, error: str) -> queries.RowFilter:
+    want = None
+    if state:
+        try:
+            want = RowState(state)
+        except ValueError:
+            names = ", ".join(s.value for s in RowState)
+            raise InvalidInput("state", f"unknown state {state[:40]!r}; one of {names}") from None
+    return queries.RowFilter(want, quarantined == "1", error.strip())
+
+
+def filter_query(where: queries.RowFilter) -> dict[str, str]:
+    """The filter as the rows list's query parameters (only those set)."""
+    found = {
+        "state": where.state.value if where.state else "",
+        "quarantined": "1" if where.quarantined else "",
+    }
+    return {k: v for k, v in {**found, "error": where.error}.items() if v}
+
+
+def rows(
+    pages: Pages, where: queries.RowFilter, sort: str, order: str, page: int, size: int, now: float
+) -> dict[str, Any]:
+    """The rows list: one page of the rows matching ``where``, sorted, and how many match."""
+    if sort not in queries.ROW_SORTS or order not in ("asc", "desc"):
+        raise InvalidInput("sort", f"sort by one of {', '.join(queries.ROW_SORTS)}, order asc or desc")
+    with pages.store.session(readonly=True) as s:
+        listed = queries.rows(
+            s, where=where, sort=sort, descending=order == "desc", offset=(page - 1) * size, limit=size
+        )
+        found = [row_view(r) for r in listed]
+        total = queries.count_upto(s, where.where(select(Assignment.id)), COUNT_UPTO)
+    query = {**filter_query(where), "sort": sort, "order": order}
+    sorts = {
+        name: "?"
+        + urlencode({**query, "sort": name, "order": "desc" if (sort, order) == (name, "asc") else "asc"})
+        for name in queries.ROW_SORTS
+    }
+    shown = Paging(page, size, len(found), total, page * size < total, query)
+    return {
+        "rows": found,
+        "where": where,
+        "filter": filter_query(where),
+        "bulk_query": urlencode({**filter_query(where), "all": "1"}),
+        "sort": sort,
+        "order": order,
+        "sorts": sorts,
+        "paging": shown,
+        "bulk_cap": BULK_CAP,
+        "now": now,
+    }
+
+
+def search(pages: Pages, text: str, page: int, events_page: int, size: int, now: float) -> dict[str, Any]:
+    """Rows (by id, run, task id, owner, board, last error) and audit events (by detail) holding ``text``.
+
+    Each list has its own page (``page``, ``events_page``) of ``size``.
+    """
+    text = text.strip()
+    if not text:
+        empty = Paging(1, size, 0, 0, False)
+        return {"q": "", "rows": [], "events": [], "rows_paging": empty, "events_paging": empty, "now": now}
+    offset, events_offset = (page - 1) * size, (events_page - 1) * size
+    with pages.store.session(readonly=True) as s:
+        found, total = queries.search_rows(s, text, offset=offset, limit=size)
+        listed = [row_view(r) for r in found]
+        events = audit.search(s, text, window=AUDIT_WINDOW, offset=events_offset, limit=size + 1)
+    rows_query, events_query = {"q": text, "events_page": str(events_page)}, {"q": text, "page": str(page)}
+    return {
+        "q": text,
+        "rows": listed,
+        "events": events[:size],
+        "rows_paging": Paging(page, size, len(listed), total, offset + len(listed) < total, rows_query),
+        "events_paging": Paging(
+            events_page, size, len(events[:size]), None, len(events) > size, events_query, "events_page"
+        ),
+        "audit_window": AUDIT_WINDOW,
+        "now": now,
+    }
+
+
+# --- bulk actions ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The rows a bulk action names: ticked by id (``ids``), or all matching ``where``."""
+
+    ids: tuple[int, ...] = ()
+    where: queries.RowFilter | None = None
+
+    def fields(self) -> dict[str, str]:
+        """The selection as the confirmation form's hidden fields (read back by ``selection``)."""
+        if self.where is None:
+            return {"rows": ",".join(map(str, self.ids))}
+        return {**filter_query(self.where), "all": "1"}
+
+
+def selection(fields: dict[str, str], ticked: list[str]) -> Selection:
+    """The selection of a query (``row=`` each, or ``all=1`` with the filter) or of a confirmation form."""
+    if fields.get("all") == "1":
+        return Selection(
+            where=row_filter(fields.get("state", ""), fields.get("quarantined", ""), fields.get("error", ""))
+        )
+    raw = ticked or [r for r in fields.get("rows", "").split(",") if r]
+    if not raw:
+        raise InvalidInput("rows", "no row selected: tick rows on the rows list, or act on all matching")
+    if len(raw) > PAGE_SIZES[-1]:
+        raise InvalidInput(
+            "rows", f"at most {PAGE_SIZES[-1]} rows by hand; act on all matching a filter for more"
+        )
+    if not all(
+        r.isascii() and r.isdigit() and len(r) <= 10 and 1 <= int(r) <= validate.MAX_ROW_ID for r in raw
+    ):
+        raise InvalidInput("rows", "a row id is a whole number from 1")
+    return Selection(ids=tuple(sorted({int(r) for r in raw})))
+
+
+def resolve(pages: Pages, chosen: Selection, now: float) -> dict[str, Any]:
+    """The confirmation: the rows the selection names (at most ``BULK_CAP``), how many match, their digest."""
+    with pages.store.session(readonly=True) as s:
+        if chosen.where is None:
+            ids, matching = list(chosen.ids), len(chosen.ids)
+        else:
+            ids = queries.row_ids(s, chosen.where, limit=BULK_CAP)
+            matching = queries.count_upto(s, chosen.where.where(select(Assignment.id)), COUNT_UPTO)
+        shown = ids[:BULK_LISTED]
+        found = {r.id: row_view(r) for r in s.scalars(select(Assignment).where(Assignment.id.in_(shown)))}
+    return {
+        "ids": ids,
+        "listed": [found.get(i, {"id": i, "missing": True}) for i in shown],
+        "matching": matching,
+        "more_than": matching >= COUNT_UPTO,
+        "capped": matching > len(ids),
+        "digest": validate.sha256(",".join(map(str, ids))),
+        "fields": chosen.fields(),
+        "where": chosen.where,
+        "bulk_cap": BULK_CAP,
+        "now": now,
+    }
+
+
+@dataclass(frozen=True)
+class RowResult:
+    id: int
+    done: bool
+    why: str = ""  # the refusal, one sentence
+
+
+def act(pages: Pages, action: str, ids: list[int], reason: str, now: float) -> list[RowResult]:
+    """Each row through ``Pages.act_on_row`` in turn; a refusal is its row's result, never its neighbours'."""
+    reason = reason.strip()
+    if not reason or len(reason) > operator.MAX_REASON_CHARS:
+        raise InvalidInput(
+            "reason", f"a bulk action needs a reason of 1 to {operator.MAX_REASON_CHARS} characters"
+        )
+    results = []
+    for row_id in ids:
+        try:
+            pages.act_on_row(action, row_id, reason, now)
+        except PoolError as err:
+            results.append(RowResult(row_id, False, str(err)))
+        except SQLAlchemyError as err:
+            log.error("console: bulk %s of row %d failed in the store", action, row_id, exc_info=err)
+            results.append(RowResult(row_id, False, "the pool store failed (the server logged it)"))
+        else:
+            results.append(RowResult(row_id, True))
+    return results

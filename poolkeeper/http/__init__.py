@@ -1,0 +1,1 @@
+"""What the servers share: refusals as JSON, the middlewares, the guarded transport, serving."""
