@@ -46,8 +46,9 @@ from tasks import failures
 from tasks.declaration import Lock, Outcome, Pass, Submit
 from tasks.plane import Plane
 
-# {"board", "task_id", "run_id", "ordinal"} and, from reconcile, "seen": the task as the
-# board listed it this tick. JSON in a message.
+# {"board", "task_id", "run_id", "ordinal"}: JSON in a message. No snapshot of the task rides
+# along: a claim retried or delayed would trust it after the run moved on (cancelled,
+# reassigned into a new run), so materialize always reads the board afresh (``read``).
 Claim = dict[str, Any]
 
 
@@ -268,7 +269,7 @@ def ordinal(claim: Claim) -> int:
 
 def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
     board, task_id, run_id = claim["board"], claim["task_id"], int(claim["run_id"])
-    task = seen(claim) or read(plane, board, task_id)
+    task = read(plane, board, task_id)
     if task is None:
         return Outcome.VANISHED
     if task.current_run_id != run_id or task.status is not TaskStatus.RUNNING:
@@ -302,8 +303,7 @@ def wait(plane: Plane, claims: Sequence[Claim]) -> None:
     """Claims with no ordinal: dispatch hands them the next free ones first (``take_waiting``).
 
     A claim lost from there (Redis restarted) is a claimed run with no row, which reconcile
-    hands over again. Reconcile's ``seen`` is left out: evidence that old could serve a run
-    that moved on meanwhile, so a served claim reads the board afresh.
+    hands over again.
     """
     if not claims:
         return
@@ -312,10 +312,7 @@ def wait(plane: Plane, claims: Sequence[Claim]) -> None:
 
 
 def _bodies(claims: Sequence[Claim]) -> dict[str, str]:
-    return {
-        claim_name(c): json.dumps({k: v for k, v in c.items() if k not in ("ordinal", "seen")})
-        for c in claims
-    }
+    return {claim_name(c): json.dumps({k: v for k, v in c.items() if k != "ordinal"}) for c in claims}
 
 
 def add(plane: Plane, claim: Claim, on: int, payload: dict[str, Any], now: float) -> Outcome:
@@ -346,8 +343,8 @@ def read(plane: Plane, board: str, task_id: str) -> BoardTask | None:
     """The claimed task, from ``get_task``; one the board cannot read alone, from its listing.
 
     A task that ``get_task`` fails on (corrupt data, not a busy board) but that the board
-    lists as running is the evidence reconcile's ``seen`` would give a few intervals later:
-    its row is added now, and the row passes quarantine it where an operator sees it.
+    lists as running still gets its row, which the row passes quarantine where an operator
+    sees it, instead of a claimed run that no row stands for.
     """
     try:
         return plane.board.get_task(board, task_id)
@@ -358,19 +355,6 @@ def read(plane: Plane, board: str, task_id: str) -> BoardTask | None:
         if listed is None:
             raise
         return listed
-
-
-def seen(claim: Claim) -> BoardTask | None:
-    """The task as reconcile saw it listed as running: evidence enough to add its row.
-
-    A task the board lists but cannot read by itself (corrupt data) then still
-    gets a row, which the row passes revisit and quarantine, where an operator
-    sees it, instead of a claimed run that no row stands for.
-    """
-    if "seen" not in claim:
-        return None
-    fields = dict(claim["seen"])
-    return BoardTask(**{**fields, "status": TaskStatus(fields["status"])})
 
 
 def park(plane: Plane, task: BoardTask, run_id: int, reason: str) -> Outcome:

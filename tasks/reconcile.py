@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import asdict
 
 from board import BoardTask, TaskStatus
 from core.errors import PoolError
@@ -97,7 +96,7 @@ def _orphans(plane: Plane, board: str, running: Iterable[BoardTask]) -> list[mat
     with plane.store.session(readonly=True) as s:
         known = queries.known_runs(s, board, [(t.id, t.current_run_id or 0) for t in pool])
     return [
-        {"board": t.board, "task_id": t.id, "run_id": t.current_run_id, "seen": asdict(t)}
+        {"board": t.board, "task_id": t.id, "run_id": t.current_run_id}
         for t in pool
         if (t.id, t.current_run_id) not in known
     ]

@@ -48,6 +48,28 @@ def test_reconcile_hands_moved_runs_to_itself_and_orphans_to_materialize(plane: 
     assert scanned(plane, "reconcile") == {}
 
 
+@pytest.mark.parametrize("meanwhile", ["cancelled", "claimed again in a new run"])
+def test_an_orphans_claim_delivered_late_reads_the_board_afresh(
+    plane: Plane, kanban: Board, meanwhile: str
+) -> None:
+    # Given an orphan handed to materialize, whose message is delayed (a backlog, a retry)
+    kanban.add_task("b", "orphan", task_id="orphan")
+    kanban.claim_ready(1, assignee="poolkeeper", lane="pool")
+    [late] = scanned(plane, "reconcile")["materialize"]
+    # When the run moves on before the message is served
+    if meanwhile == "cancelled":
+        kanban.cancel_task("b", "orphan")
+    else:
+        kanban.reassign_task("b", "orphan", assignee="poolkeeper", lane="pool")  # run 2 starts
+        [fresh] = scanned(plane, "reconcile")["materialize"]
+        assert runner.run_key(plane, "materialize", fresh, NOW) == "added"
+    # Then the late claim adds no row: at most one live row per task, none for an ended run
+    assert runner.run_key(plane, "materialize", late, NOW) == "moved_on"
+    with plane.store.session() as s:
+        live = [(r.task_id, r.run_id) for r in queries.rows(s, state=RowState.ASSIGNED)]
+    assert live == ([] if meanwhile == "cancelled" else [("orphan", 2)])
+
+
 def test_reconcile_leaves_a_row_whose_run_the_board_still_runs(plane: Plane, kanban: Board) -> None:
     [row] = claimed(plane, kanban)
     assert runner.run_key(plane, "reconcile", row, NOW) == "current"
