@@ -17,6 +17,7 @@ from board import Board, BoardTask
 from core.errors import InvalidInput, LineageLive, TransientError
 from store import PoolStore, audit, lineage, rows, transitions
 from store.models import LIVE_STATES, TERMINAL_STATES, EventKind, RowState
+from tasks.evidence import described, verdict
 
 log = logging.getLogger("poolkeeper.operator")
 NOT_TERMINAL = tuple(s for s in RowState if s not in TERMINAL_STATES)
@@ -71,13 +72,14 @@ def cancel(kanban: Board, store: PoolStore, board: str, task_id: str, now: float
 
 
 def abandon(board: Board, store: PoolStore, row_id: int, reason: str, now: float) -> Abandoned:
-    """Give up on a row for good: park its exact run on the board, then settle the row ``stale``.
+    """Give up on a row for good: park its exact run on the board, then settle the row ``stale``
+    (``finalized`` when the board had already ended that exact run, e.g. with this row's result).
 
     Refuses a terminal row, and a row with a ``registered`` or ``running`` child
     (``LineageLive``, before the board is asked); ``unknown`` children are
     discarded with the settle, never replayed. The park is compare-and-set on the row's run: if
-    the board refuses because the run already moved on, that is evidence
-    enough and the row is settled all the same. A busy board raises
+    the board refuses because the run already moved on, its word on the run is
+    the evidence (``tasks.evidence.verdict``) and the row is settled all the same. A busy board raises
     ``TransientError`` with nothing changed; a busy store after the park
     raises it too, and running ``abandon`` again finishes the job.
     """
@@ -91,6 +93,13 @@ def abandon(board: Board, store: PoolStore, row_id: int, reason: str, now: float
         lineage.refuse_live(s, row_id)  # a reset waits for live children; the board is not told yet
     why = f"abandoned by operator: {reason}"
     parked = board.block_task(row.board, row.task_id, why, "operator", row.run_id)
+    to, evidence = RowState.STALE, why
+    if not parked:  # the board's word on the exact run decides, as the results pass reads it
+        task = board.get_task(row.board, row.task_id)
+        said = verdict(task, row.run_id)
+        if said is None:
+            raise TransientError(f"board refused to park {row.board}/{row.task_id} run {row.run_id}")
+        to, evidence = said, f"{why} ({described(task, row.run_id)}: the board had already moved the run on)"
     with store.session() as s:
         rows.get_row(s, row_id, for_update=True)
         try:
@@ -102,12 +111,11 @@ def abandon(board: Board, store: PoolStore, row_id: int, reason: str, now: float
             board=row.board,
             task_id=row.task_id,
             run_id=row.run_id,
-            to=RowState.STALE,
+            to=to,
             states=NOT_TERMINAL,
             now=now,
             actor=audit.OPERATOR,
-            evidence=(why if parked else f"{why} (the board had already moved the run on)")
-            + (f"; {discarded} unknown child execution(s) discarded" if discarded else ""),
+            evidence=evidence + (f"; {discarded} unknown child execution(s) discarded" if discarded else ""),
             kind=EventKind.ABANDON,
         )
     log.warning(

@@ -154,6 +154,23 @@ def test_abandon_settles_a_run_the_board_already_moved_on(store: PoolStore, kanb
         store.heartbeat(envelope(offer, "late"), now=NOW + 1)
 
 
+def test_abandon_of_a_result_the_board_already_applied_settles_it_finalized(
+    store: PoolStore, kanban: Board
+) -> None:
+    # Given a delivered result that the board already holds (the results pass died before settling)
+    offer = given_running(store, kanban)
+    assert store.accept_result(envelope(offer, payload={"status": "done", "n": 7}), now=NOW) == "applied"
+    assert kanban.complete_task("b", "t1", 1, {"status": "done", "n": 7})
+    # When the operator abandons the row
+    got = operator.abandon(kanban, store, offer.row_id, "stuck", NOW)
+    # Then the board's word on that exact run decides: it ended it, so the row is finalized
+    assert not got.parked and got.settled is not None and got.settled.was == "result"
+    assert row_state(store, offer.row_id)["state"] == "finalized"
+    with store.session(readonly=True) as s:
+        [event] = [e for e in audit.history(s, offer.row_id) if e["kind"] == "abandon"]
+    assert "board: the run is done" in event["detail"]
+
+
 def test_abandon_changes_nothing_while_the_board_is_busy(store: PoolStore, kanban: Board) -> None:
     offer = given_running(store, kanban)
     busy = FlakyBoard(kanban, busy_rate=1.0)
