@@ -183,7 +183,7 @@ class KanbanBoard:
 
     def complete_task(self, board: str, task_id: str, expected_run_id: int, result: dict[str, Any]) -> bool:
         return self._end_run(
-            board, task_id, expected_run_id, TaskStatus.DONE, result=validate.canonical_json(result)
+            board, task_id, expected_run_id, TaskStatus.DONE, result=validate.document("result", result)
         )
 
     def _end_run(self, board: str, task_id: str, run_id: int, status: TaskStatus, **values: Any) -> bool:

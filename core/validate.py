@@ -174,8 +174,7 @@ def _check_tree(field: str, root: Mapping[Any, Any]) -> None:
         if budget < 0:
             raise InvalidInput(field, f"larger than {MAX_DOCUMENT_BYTES} bytes")
         if isinstance(value, str):
-            if _SURROGATE_RE.search(value):
-                raise InvalidInput(path, "holds a lone surrogate; strings must be valid Unicode")
+            _storable(path, value, "")
         elif isinstance(value, float):
             if not math.isfinite(value):
                 raise InvalidInput(path, "not JSON: NaN and Infinity have no JSON form")
@@ -194,8 +193,7 @@ def _check_tree(field: str, root: Mapping[Any, Any]) -> None:
                     if budget < 0:
                         raise InvalidInput(field, f"larger than {MAX_DOCUMENT_BYTES} bytes")
                     where = _child(path, f".{label(key)}")
-                    if _SURROGATE_RE.search(key):
-                        raise InvalidInput(where, "key holds a lone surrogate; strings must be valid Unicode")
+                    _storable(where, key, "key ")
                     if SECRET_KEY_RE.search(key):
                         raise InvalidInput(where, "looks like a credential; secrets are never stored")
                     children.append((item, where, depth + 1))
@@ -204,6 +202,15 @@ def _check_tree(field: str, root: Mapping[Any, Any]) -> None:
             stack.extend(reversed(children))  # so the first problem in document order is named
         elif value is not None and not isinstance(value, bool | int):
             raise InvalidInput(path, f"not a JSON value: {type(value).__name__}")
+
+
+def _storable(path: str, value: str, what: str) -> None:
+    """A document's string (``what``: "key " for a key) holds neither a lone surrogate nor a NUL,
+    which no database here stores as given (SPEC: refused, never stored)."""
+    if _SURROGATE_RE.search(value):
+        raise InvalidInput(path, f"{what}holds a lone surrogate; strings must be valid Unicode")
+    if "\x00" in value:
+        raise InvalidInput(path, f"{what}must not contain a NUL character")
 
 
 def _child(path: str, step: str, max_len: int = 200) -> str:

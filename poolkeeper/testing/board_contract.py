@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import pytest
 
 from board.protocol import Board, TaskStatus
-from core.errors import ConfigError, InvalidInput, NotFound, TransientError
+from core.errors import CapabilityError, ConfigError, InvalidInput, NotFound, TransientError
 
 T = TypeVar("T")
 Busy = Callable[[], AbstractContextManager[object]]
@@ -158,6 +158,17 @@ class BoardContract:
         assert not board.block_task("b", "t1", "late", "transient", run)  # no longer running
         task = board.get_task("b", "t1")
         assert task is not None and task.status is TaskStatus.DONE and task.result == {"status": "done"}
+
+    @pytest.mark.parametrize("result", [{"v": "a\x00b"}, {"k\x00": 1}, {"v": "lone \ud800"}])
+    def test_a_result_no_store_would_hold_is_refused_and_the_run_stays_running(
+        self, board: Board, result: dict[str, Any]
+    ) -> None:
+        board.add_task("b", "x", task_id="t1")
+        [(_, _, run)] = claim(board)
+        with pytest.raises((InvalidInput, CapabilityError), match="result|request"):  # refused, named
+            board.complete_task("b", "t1", run, result)
+        task = board.get_task("b", "t1")
+        assert task is not None and task.status is TaskStatus.RUNNING and task.current_run_id == run
 
     def test_unblocked_task_is_claimed_again_with_a_new_run_id(self, board: Board) -> None:
         board.add_task("b", "x", task_id="t1")

@@ -198,6 +198,8 @@ def _nested(depth: int) -> dict[str, Any]:
         ({"n": {1: "x"}}, "payload.n: object keys must be strings, got int"),
         ({"n": {"a": 1, 2: "b"}}, "payload.n: object keys must be strings, got int"),
         ({"s": "ok \ud800"}, "payload.s: holds a lone surrogate"),
+        ({"s": "a\x00b"}, "payload.s: must not contain a NUL character"),
+        ({"in": {"k\x00": 1}}, "payload.in.*: key must not contain a NUL character"),
         ({"n": 2**63}, "payload.n: integers must fit in 64 bits"),
         ({"n": 10**5000}, "payload.n: integers must fit in 64 bits"),
         ({"b": b"bytes"}, "payload.b: not a JSON value: bytes"),
