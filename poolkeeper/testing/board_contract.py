@@ -165,7 +165,7 @@ class BoardContract:
     ) -> None:
         board.add_task("b", "x", task_id="t1")
         [(_, _, run)] = claim(board)
-        with pytest.raises((InvalidInput, CapabilityError), match="result|request"):  # refused, named
+        with pytest.raises((InvalidInput, CapabilityError), match=r"result|request"):  # refused, named
             board.complete_task("b", "t1", run, result)
         task = board.get_task("b", "t1")
         assert task is not None and task.status is TaskStatus.RUNNING and task.current_run_id == run
