@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from core import logs, validate
-from core.errors import SettingsError, UnusableURL
+from core import logs, shapes, validate
+from core.errors import InvalidInput, SettingsError, UnusableURL
 
 # A namespace starts every Redis key, the queue and the task names: short, no separators of its own.
 NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
@@ -120,11 +120,25 @@ def _board_token(value: str, var: str) -> None:
         raise SettingsError(f"{var}: may hold only visible ASCII characters (no spaces)")
 
 
+def _named(max_len: int) -> Rule:
+    """A name the board holds (a lane, an assignee): refused here, at start-up, not at every claim."""
+
+    def rule(value: str, var: str) -> None:
+        try:
+            validate.name(var, value, max_len)
+        except InvalidInput as err:  # a length problem already says how long; a pattern's, not what
+            raise SettingsError(str(err) if "got" in err.problem else f"{err}, got {value!r}") from None
+
+    return rule
+
+
 def _log_format(value: str, var: str) -> None:
     if value not in logs.FORMATS:
         raise SettingsError(f"{var}: must be one of {', '.join(logs.FORMATS)}, got {value!r}")
 
 
+DAY_SECONDS = 86400.0
+YEAR_SECONDS = DAY_SECONDS * 365
 SECRET_FILES = ("server_secret", "board_token")  # POOL_<NAME>_FILE may name a file holding each
 
 
@@ -150,24 +164,38 @@ class Settings:
     )
     max_attempts: int = setting(3, "Fenced attempts before a row becomes lease_failed.", ge=1, le=100)
     retention_seconds: float = setting(
-        7 * 24 * 3600.0, "Terminal rows and delivery records older than this are collected.", ge=3600
+        7 * 24 * 3600.0,
+        "Terminal rows and delivery records older than this are collected.",
+        ge=3600,
+        le=YEAR_SECONDS * 10,
     )
-    lane: str = setting("pool", "The board lane the pool serves.")
-    assignee: str = setting("poolkeeper", "The assignee the pool claims board tasks as.")
-    quarantine_after: int = setting(5, "Consecutive maintenance failures before a row is quarantined.", ge=1)
-    backoff_base_seconds: float = setting(2.0, "Exponential backoff (with jitter): the first delay.", gt=0)
+    lane: str = setting("pool", "The board lane the pool serves.", rule=_named(shapes.LANE_CHARS))
+    assignee: str = setting(
+        "poolkeeper", "The assignee the pool claims board tasks as.", rule=_named(shapes.ASSIGNEE_CHARS)
+    )
+    quarantine_after: int = setting(
+        5, "Consecutive maintenance failures before a row is quarantined.", ge=1, le=1000
+    )
+    backoff_base_seconds: float = setting(
+        2.0, "Exponential backoff (with jitter): the first delay.", gt=0, le=DAY_SECONDS
+    )
     backoff_max_seconds: float = setting(
-        300.0, "Exponential backoff: the longest delay.", ge="backoff_base_seconds"
+        300.0, "Exponential backoff: the longest delay.", ge="backoff_base_seconds", le=DAY_SECONDS
     )
-    quarantine_retry_seconds: float = setting(900.0, "How often a quarantined row is still retried.", gt=0)
-    transient_retries: int = setting(5, "Celery retries of one row for a transient error.", ge=0)
+    quarantine_retry_seconds: float = setting(
+        900.0, "How often a quarantined row is still retried.", gt=0, le=DAY_SECONDS * 7
+    )
+    transient_retries: int = setting(5, "Celery retries of one row for a transient error.", ge=0, le=1000)
     tick_seconds: float = setting(
-        5.0, "Beat interval of the fast scanners (expire, results, lease failures, dispatch).", gt=0
+        5.0,
+        "Beat interval of the fast scanners (expire, results, lease failures, dispatch).",
+        gt=0,
+        le=3600,
     )
-    reconcile_seconds: float = setting(30.0, "Beat interval of reconcile.", gt=0)
-    gc_seconds: float = setting(3600.0, "Beat interval of gc.", gt=0)
+    reconcile_seconds: float = setting(30.0, "Beat interval of reconcile.", gt=0, le=DAY_SECONDS)
+    gc_seconds: float = setting(3600.0, "Beat interval of gc.", gt=0, le=DAY_SECONDS * 7)
     lineage_max_depth: int = setting(32, "How deep child executions may nest under a run.", ge=1, le=64)
-    scan_limit: int = setting(2000, "Due rows one scanner tick enqueues at most.", ge=1)
+    scan_limit: int = setting(2000, "Due rows one scanner tick enqueues at most.", ge=1, le=1_000_000)
     batch_size: int = setting(
         50,
         "Keys per message for passes that talk to the board (each key keeps its own lock and transactions).",
@@ -181,14 +209,15 @@ class Settings:
         ge=1,
         le=5000,
     )
-    gc_batch: int = setting(500, "Rows deleted per GC transaction.", ge=1)
+    gc_batch: int = setting(500, "Rows deleted per GC transaction.", ge=1, le=100_000)
     task_time_limit: float = setting(
-        120.0, "Hard Celery time limit per message; the soft limit is 80% of it.", ge=1
+        120.0, "Hard Celery time limit per message; the soft limit is 80% of it.", ge=1, le=DAY_SECONDS
     )
     visibility_timeout: float = setting(
         3600.0,
         "Broker redelivery timeout; must exceed every countdown and the time limit.",
         gt=("backoff_max_seconds", "quarantine_retry_seconds", "task_time_limit"),
+        le=DAY_SECONDS * 30,
     )
     metrics_port: int = setting(
         0, "Prometheus exporter port of a worker (0 = off).", ge=0, le=65535, expected="a port or 0"
@@ -376,11 +405,12 @@ def _expected(meta: Mapping[str, Any]) -> str:
     """The bounds in words: "between 1 and 64", "in (0, 600]", ">= 3600", ">= POOL_X", "greater than ..."."""
     ge, gt, le, lt = (meta[op] for op in ("ge", "gt", "le", "lt"))
     low = ge if ge is not None else gt
+    high = le if le is not None else lt
     if low is not None and _names(low):
         names = [_var(n) for n in _names(low)]
         listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-        return f">= {listed}" if ge is not None else f"greater than {listed}"
-    high = le if le is not None else lt
+        words = f">= {listed}" if ge is not None else f"greater than {listed}"
+        return words if high is None else f"{words} and {'<=' if le is not None else '<'} {high:.0f}"
     if low is None or high is None:
         op = next(op for op in ("ge", "gt", "le", "lt") if meta[op] is not None)
         return f"{_OPS[op][1]} {meta[op]}"

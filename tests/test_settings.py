@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import Field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ def test_environment_is_parsed_by_field_type() -> None:
         ("POOL_SIZE", "0", "POOL_SIZE: must be between 1 and 100000"),
         ("POOL_LEASE_SECONDS", "-1", "POOL_LEASE_SECONDS: must be in (0, 86400]"),
         ("POOL_LEASE_SECONDS", "nan", "POOL_LEASE_SECONDS"),
-        ("POOL_RETENTION_SECONDS", "60", "POOL_RETENTION_SECONDS: must be >= 3600"),
+        ("POOL_RETENTION_SECONDS", "60", "POOL_RETENTION_SECONDS: must be in [3600, "),
         ("POOL_VISIBILITY_TIMEOUT", "10", "POOL_VISIBILITY_TIMEOUT: must be greater than"),
         ("POOL_DATABASE_URL", "", "POOL_DATABASE_URL: must not be empty"),
         ("POOL_DATABASE_URL", "pool.db", "POOL_DATABASE_URL: not a database URL SQLAlchemy can open"),
@@ -42,12 +43,30 @@ def test_environment_is_parsed_by_field_type() -> None:
         ("POOL_LINEAGE_MAX_DEPTH", "65", "POOL_LINEAGE_MAX_DEPTH: must be between 1 and 64"),
         ("POOL_LOG_FORMAT", "JSON", "POOL_LOG_FORMAT: must be one of text, json, got 'JSON'"),
         ("POOL_LOG_FORMAT", "", "POOL_LOG_FORMAT: must be one of text, json, got ''"),
+        ("POOL_LANE", "a b", "POOL_LANE: may hold only letters"),
+        ("POOL_LANE", "", "POOL_LANE: must be 1 to 64 characters"),
+        ("POOL_ASSIGNEE", "x" * 65, "POOL_ASSIGNEE: must be 1 to 64 characters"),
+        ("POOL_ASSIGNEE", "a\x00b", "POOL_ASSIGNEE: may hold only letters"),
     ],
 )
 def test_bad_values_name_the_variable(var: str, value: str, message: str) -> None:
     with pytest.raises(SettingsError) as refused:
         Settings.from_env({var: value})
     assert message in str(refused.value)
+
+
+NUMBERS = [f for f in fields(Settings) if f.type in ("int", "float")]
+
+
+@pytest.mark.parametrize("number", NUMBERS, ids=lambda f: f.name)
+def test_every_number_has_an_upper_bound(number: Field[Any]) -> None:
+    """A value past any bound (inf, 10**20) is refused at start-up, naming the variable, before
+    it overflows a timer, a SQL integer or Celery's countdown at every tick."""
+    assert number.metadata["le"] is not None or number.metadata["lt"] is not None, "its upper bound"
+    var = _var(number.name)
+    for huge in ("inf", "1e300", str(10**20)) if number.type == "float" else (str(10**20),):
+        with pytest.raises(SettingsError, match=f"^{var}: must be"):
+            Settings.from_env({var: huge})
 
 
 def test_env_round_trips_for_child_processes() -> None:
@@ -116,7 +135,7 @@ def test_replace_and_keyword_construction_are_validated_like_the_environment() -
 def test_a_bound_set_by_another_setting_names_that_variable() -> None:
     with pytest.raises(SettingsError, match=r"^POOL_BACKOFF_MAX_SECONDS: must be >= POOL_BACKOFF_BASE_SEC"):
         Settings(backoff_base_seconds=10, backoff_max_seconds=5)
-    with pytest.raises(SettingsError, match=r"POOL_TASK_TIME_LIMIT, got 300$"):
+    with pytest.raises(SettingsError, match=r"POOL_TASK_TIME_LIMIT and <= 2592000, got 300$"):
         Settings(task_time_limit=400, visibility_timeout=300)
 
 
