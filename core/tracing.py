@@ -217,6 +217,9 @@ def _api() -> Any:
             except ImportError as err:
                 _state["failed"] = True
                 log.warning("OTEL_* asks for traces but the SDK is not installed (%s): tracing off", err.name)
+            except ValueError as err:  # an OTEL_BSP_* or OTEL_EXPORTER_* value the SDK refuses
+                _state["failed"] = True
+                log.warning("an OTEL_* setting is refused by the SDK (%s): tracing off", err)
     return _state.get("api")
 
 

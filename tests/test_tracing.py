@@ -185,6 +185,20 @@ def test_poolctl_version_imports_nothing_of_opentelemetry_when_unconfigured() ->
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_an_otel_setting_the_sdk_refuses_turns_tracing_off_with_one_warning() -> None:
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "0"}
+    probe = (
+        "import logging; logging.basicConfig(format='%(levelname)s %(message)s')\n"
+        "from core import tracing\n"
+        "for name in ('claim', 'grant'):\n    with tracing.span(name):\n        pass\n"
+        "print('ran', tracing.current())"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "ran None"), done.stderr
+    [line] = [x for x in done.stderr.splitlines() if x.strip()]
+    assert line.startswith("WARNING an OTEL_* setting is refused by the SDK") and "tracing off" in line
+
+
 def test_a_storm_of_expiries_is_one_span_linked_to_each_run(
     plane: Plane, kanban: Board, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
