@@ -79,7 +79,10 @@ def _row_dict(row: Any) -> dict[str, Any]:
 
 @app.command()
 def rows(
-    row: Annotated[int | None, typer.Argument(help="One row: show it with its child executions.")] = None,
+    row: Annotated[
+        int | None,
+        typer.Argument(min=1, max=validate.MAX_ROW_ID, help="One row: show it with its child executions."),
+    ] = None,
     state: Annotated[str | None, typer.Option(help="Only rows in this state.")] = None,
     quarantined: Annotated[bool, typer.Option("--quarantined", help="Only quarantined rows.")] = False,
     search: Annotated[
@@ -245,19 +248,21 @@ class DemoBoard(StrEnum):
 
 @app.command()
 def demo(
-    tasks: Annotated[int, typer.Option(min=1, help="Board tasks to seed.")] = 200,
+    tasks: Annotated[int, typer.Option(min=1, max=100_000, help="Board tasks to seed.")] = 200,
     pool_size: Annotated[int, typer.Option(min=1, max=64, help="Worker ordinals.")] = 6,
     crash_rate: Annotated[float, typer.Option(min=0, max=1, help="Workers dying on a run.")] = 0.05,
     hang_rate: Annotated[float, typer.Option(min=0, max=1, help="Workers hanging past their lease.")] = 0.02,
-    poison: Annotated[int, typer.Option(min=0, help="Tasks the board fails on, every time.")] = 2,
+    poison: Annotated[int, typer.Option(min=0, max=10_000, help="Tasks the board fails on, every time.")] = 2,
     board_busy_rate: Annotated[float, typer.Option(min=0, max=0.9, help="Board calls failing busy.")] = 0.02,
-    lease: Annotated[float, typer.Option(min=0.5, help="Lease seconds.")] = 3.0,
-    timeout: Annotated[float, typer.Option(min=10, help="Give up after this many seconds.")] = 600,
+    lease: Annotated[float, typer.Option(min=0.5, max=3600, help="Lease seconds.")] = 3.0,
+    timeout: Annotated[float, typer.Option(min=10, max=86400, help="Give up after this many seconds.")] = 600,
     workdir: Annotated[
         Path | None,
         typer.Option(help="Keep the databases and logs here (a new or empty folder, or a past demo's)."),
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for the injected faults.")] = None,
+    seed: Annotated[
+        int | None, typer.Option(min=0, max=2**32 - 1, help="Seed for the injected faults.")
+    ] = None,
     board: Annotated[
         DemoBoard,
         typer.Option(

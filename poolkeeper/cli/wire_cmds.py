@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from core import validate
+from core import shapes, validate
 from core.errors import InvalidInput, SettingsError
 
 if TYPE_CHECKING:
@@ -62,7 +62,8 @@ def serve(
 @app.command()
 def token(
     ordinal: Annotated[
-        int | None, typer.Option(min=0, help="The ordinal whose worker token to print.")
+        int | None,
+        typer.Option(min=0, max=validate.MAX_POOL_SIZE - 1, help="The ordinal whose worker token to print."),
     ] = None,
     operator: Annotated[bool, typer.Option("--operator", help="Print the operator token.")] = False,
     viewer: Annotated[
@@ -93,7 +94,9 @@ def token(
 
 @app.command()
 def worker(
-    ordinal: Annotated[int, typer.Option(min=0, help="The ordinal this worker serves.")],
+    ordinal: Annotated[
+        int, typer.Option(min=0, max=validate.MAX_POOL_SIZE - 1, help="The ordinal this worker serves.")
+    ],
     url: Annotated[str, typer.Option(envvar="POOL_WORKER_URL", help="Where `poolctl serve` answers.")],
     command: Annotated[
         str | None,
@@ -129,7 +132,10 @@ def worker(
     ] = "",
     owner: Annotated[str | None, typer.Option(help="Instance name (default: host:pid:random).")] = None,
     poll: Annotated[
-        float, typer.Option(min=0.05, help="Seconds between offers when the server did not wait for a run.")
+        float,
+        typer.Option(
+            min=0.05, max=3600, help="Seconds between offers when the server did not wait for a run."
+        ),
     ] = 1.0,
     wait: Annotated[
         float | None,
@@ -150,6 +156,7 @@ def worker(
         typer.Option(
             "--give-up",
             min=0,
+            max=86400,
             help="With --once: seconds the server may go without answering before the worker gives up"
             " (exit 69 nothing listens, 75 busy). Without --once the worker waits out any outage.",
         ),
@@ -175,6 +182,8 @@ def worker(
 
     if (command is None) == (call is None):
         raise InvalidInput("--command", "give exactly one of --command and --call")
+    if owner is not None:  # refused here, before the ordinal's lock is taken, not by the server
+        validate.name("--owner", owner, shapes.OWNER_CHARS)
     logs.basic(read_one("log_format"))  # the token's MAC is masked whatever the format
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     forbid_inspection()  # first: the command, as this user, must not read the token from /proc
