@@ -19,7 +19,6 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from core import logs, shapes, validate
@@ -140,6 +139,7 @@ def _log_format(value: str, var: str) -> None:
 DAY_SECONDS = 86400.0
 YEAR_SECONDS = DAY_SECONDS * 365
 SECRET_FILES = ("server_secret", "board_token")  # POOL_<NAME>_FILE may name a file holding each
+SECRET_FILE_BYTES = 4096  # a secret's file (at least 32 characters) is never larger
 
 
 @dataclass(frozen=True)
@@ -336,8 +336,12 @@ def read_one(name: str, environ: Mapping[str, str] | None = None) -> Any:
 def read_secret_file(var: str, path: str) -> str:
     """A secret kept in a file (``var`` names the setting that points there), without surrounding space."""
     try:
-        return Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError) as err:
+        return validate.read_file(path, SECRET_FILE_BYTES).strip()
+    except UnicodeDecodeError as err:  # a ValueError too: its bytes are not echoed
+        raise SettingsError(f"{var}: cannot read {path}: {type(err).__name__}") from None
+    except ValueError as err:
+        raise SettingsError(f"{var}: cannot read {path}: {err}") from None
+    except OSError as err:
         raise SettingsError(f"{var}: cannot read {path}: {type(err).__name__}") from None
 
 

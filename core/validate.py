@@ -236,3 +236,19 @@ def shown(raw: str) -> str:
     if raw.isprintable() and not any(ord(c) in _BIDI for c in raw):
         return raw
     return "".join(_escaped(c) for c in raw)
+
+
+def read_file(path: str, limit: int) -> str:
+    """A regular file's UTF-8 text, at most ``limit`` bytes: ``ValueError`` saying why not, so a
+    FIFO, a device (``/dev/zero``) or a file past the limit is refused, never read without end."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO's open would wait for a writer
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data.decode("utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import Field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,20 @@ def test_the_server_secret_comes_from_the_environment_or_a_file(tmp_path: Path) 
     assert Settings.from_env({"POOL_SERVER_SECRET": SECRET}).server_secret == SECRET
     (tmp_path / "secret").write_text(SECRET + "\n")
     assert Settings.from_env({"POOL_SERVER_SECRET_FILE": str(tmp_path / "secret")}).server_secret == SECRET
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [("device", "not a regular file"), ("fifo", "not a regular file"), ("huge", "larger than 4096 bytes")],
+)
+def test_a_secret_file_is_read_bounded_never_without_end(tmp_path: Path, kind: str, message: str) -> None:
+    path = {"device": Path("/dev/zero"), "fifo": tmp_path / "fifo", "huge": tmp_path / "huge"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)  # no writer: an open that waited for one would hang here
+    elif kind == "huge":
+        path.write_text(SECRET * 200)
+    with pytest.raises(SettingsError, match=f"^POOL_SERVER_SECRET_FILE: cannot read {path}: {message}$"):
+        Settings.from_env({"POOL_SERVER_SECRET_FILE": str(path)})
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -13,6 +12,7 @@ import typer
 if TYPE_CHECKING:
     from board import TaskSpec
 
+from core import validate
 from core.errors import InvalidInput, NotFound
 from poolkeeper.cli import render
 from poolkeeper.cli.base import (
@@ -27,6 +27,8 @@ from poolkeeper.cli.base import (
     board_app,
     out,
 )
+
+FROM_CHARS = 64 << 20  # a --from file of tasks: thousands of them, never without end
 
 # --- board ---------------------------------------------------------------------
 
@@ -80,9 +82,11 @@ def _specs(path: str, lane: str) -> list[TaskSpec]:
     from board import TaskSpec
 
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
+        text = sys.stdin.read(FROM_CHARS + 1) if path == "-" else validate.read_file(path, FROM_CHARS)
+    except (OSError, ValueError) as err:  # UnicodeDecodeError too
         raise InvalidInput("--from", f"cannot read {path}: {err}") from None
+    if len(text) > FROM_CHARS:
+        raise InvalidInput("--from", f"cannot read {path}: larger than {FROM_CHARS} characters")
     specs = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():

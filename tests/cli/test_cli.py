@@ -162,6 +162,7 @@ def test_board_add_from_json_lines_adds_every_task_or_none(tmp_path: Path) -> No
         (("board", "add", "b1"), "title: give a TITLE, or --from FILE"),
         (("board", "add", "b1", "x", "--from", "-"), "not both"),
         (("board", "add", "b1", "--from", "nosuch.jsonl"), "--from: cannot read nosuch.jsonl"),
+        (("board", "add", "b1", "--from", "/dev/zero"), "--from: cannot read /dev/zero: not a regular file"),
         (("abandon", "1", "--reason", ""), "reason: must be 1 to 500 characters"),
     ],
 )
