@@ -14,6 +14,7 @@ one task's bad data never makes its board or its status unreadable.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import time
@@ -24,7 +25,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, exc, func, insert, select, tuple_, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 
 from board.protocol import BoardTask, Claim, TaskSpec, TaskStatus
@@ -280,7 +280,8 @@ class KanbanBoard:
         if not rows:
             return []
         with self._tx() as conn:
-            dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+            # the engine's own dialect module (loaded with it): postgresql's costs a SQLite `board add` ~20 ms
+            dialect = importlib.import_module(f"sqlalchemy.dialects.{conn.dialect.name}")
             new_board = dialect.insert(boards).values(name=board, created_at=now)
             conn.execute(new_board.on_conflict_do_nothing(index_elements=["name"]))
             there = select(T.id).where(T.board == board, T.id.in_(sorted(ids))).limit(1)

@@ -15,6 +15,7 @@ creates nothing (``_sqlite_on_do_connect``).
 
 from __future__ import annotations
 
+import ast
 import errno
 import functools
 import itertools
@@ -25,12 +26,10 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 from sqlalchemy import (
     URL,
     ClauseElement,
@@ -46,11 +45,14 @@ from sqlalchemy import (
     table,
 )
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from core.errors import ConfigError, PoolError, TransientError, Unavailable
 from core.logs import mask_url
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from sqlalchemy.orm import Session
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 # SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20 ms... between tries, so a writer that
@@ -292,6 +294,8 @@ def transient_errors(what: str, url: URL | None = None) -> Iterator[None]:
 @contextmanager
 def transaction(engine: Engine, what: str = "store") -> Iterator[Session]:
     """One short transaction: commit on success, roll back on any error."""
+    from sqlalchemy.orm import Session  # the ORM: not for the board, which is Core only
+
     with (
         transient_errors(what, engine.url),
         Session(engine, expire_on_commit=False) as session,
@@ -350,7 +354,7 @@ class Prepared:
 
 def connection_of(s: Session | Connection) -> Connection:
     """The Core connection under ``s``: store functions take either, and write on this one."""
-    return s.connection() if isinstance(s, Session) else s
+    return s if isinstance(s, Connection) else s.connection()
 
 
 @contextmanager
@@ -490,6 +494,8 @@ def _short(err: BaseException) -> str:
 
 def migrate(engine: Engine, package: str, metadata: MetaData, what: str = "database") -> None:
     """Bring ``package``'s schema (``store`` or ``board``) to head; a no-op when already there."""
+    from alembic import command
+
     require_creatable(engine, what)
     cfg = _alembic_config(package)
     cfg.attributes["target_metadata"] = metadata
@@ -555,12 +561,36 @@ def _version_table(package: str) -> str:
 
 @functools.cache
 def _heads(package: str) -> frozenset[str]:
-    """The migration heads a package ships: read from its scripts once per process
-    (``/readyz`` and every command ask)."""
-    return frozenset(ScriptDirectory.from_config(_alembic_config(package)).get_heads())
+    """The migration heads a package ships: the revisions no script names as its
+    ``down_revision``, read from the scripts once per process (``/readyz`` and every command
+    ask). Parsed, not imported: alembic costs a command tens of milliseconds (bench/cli_start.py)."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for script in (resources.files(package) / "migrations" / "versions").iterdir():
+        if script.name.endswith(".py"):
+            found = dict(_literals(ast.parse(script.read_text()), {"revision", "down_revision"}))
+            revisions.add(found["revision"])
+            down = found.get("down_revision")
+            parents.update([] if down is None else [down] if isinstance(down, str) else down)
+    return frozenset(revisions - parents)
+
+
+def _literals(module: ast.Module, names: set[str]) -> Iterator[tuple[str, Any]]:
+    """The module-level ``name = <literal>`` (or ``name: T = <literal>``) of ``names``."""
+    for node in module.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id in names:
+            yield target.id, ast.literal_eval(value)
 
 
 def _alembic_config(package: str) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", f"{package}:migrations")
     cfg.attributes["version_table"] = _version_table(package)

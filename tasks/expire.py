@@ -22,12 +22,13 @@ from sqlalchemy import Connection
 from core import tracing
 from store import audit, queries, transitions
 from store.models import RowState
-from tasks import metrics
 from tasks.declaration import Lock, Outcome, Pass, due_rows
 from tasks.plane import Plane
 
 
 def run_in(conn: Connection, plane: Plane, row_ids: list[int], now: float) -> dict[int, Outcome | Exception]:
+    from tasks import metrics  # prometheus_client: not for `poolctl status`, which reads PASSES
+
     got = transitions.expire_many(
         conn, row_ids, max_attempts=plane.settings.max_attempts, now=now, actor=ACTOR
     )

@@ -25,7 +25,6 @@ from core.db import is_transient
 from core.errors import CapabilityError, LostRace, ProtocolError, TransientError
 from core.retry import RetryPolicy
 from store import audit, bookkeeping
-from tasks import metrics
 from tasks.declaration import Key, Lock, Outcome, Pass
 from tasks.plane import Plane
 
@@ -117,6 +116,8 @@ def give_up(plane: Plane, p: Pass, key: Key, err: BaseException, now: float) -> 
 
     A key that held an ordinal reserved through its retries (a claim) gives it back.
     """
+    from tasks import metrics  # prometheus_client: not for `poolctl status`, which reads PASSES
+
     if p.reserves is not None:
         with suppress(TransientError):  # else it lapses with its holder's hold
             plane.coord.release([p.reserves(key)])

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from store import audit, transitions
-from tasks import metrics
 from tasks.declaration import Key, Lock, Outcome, Pass, Submit
 from tasks.plane import Plane
 
@@ -62,6 +61,8 @@ def collect(plane: Plane, now: float, *, clock: Callable[[], float] = time.monot
 
 
 def run(plane: Plane, _key: Key, now: float) -> Outcome:
+    from tasks import metrics  # prometheus_client: not for `poolctl status`, which reads PASSES
+
     got = collect(plane, now)
     if not (got.rows or got.deliveries or got.events):
         return Outcome.NOTHING

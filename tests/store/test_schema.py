@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, text
 
 from board import Board, open_board
 from board.schema import metadata as board_metadata
+from core import db
 from core.errors import ConfigError, Unavailable
 from core.settings import Settings
 from poolkeeper.embedded import free_port
@@ -107,6 +109,13 @@ def test_require_schema_refuses_a_database_without_schema_or_behind_head(setting
             conn.execute(text("DROP TABLE unrelated"))
         store.engine.dispose()
         kanban.close()
+
+
+@pytest.mark.parametrize("package", ["store", "board"])
+def test_the_heads_read_from_the_scripts_are_alembics(package: str) -> None:
+    """``require_schema`` parses the scripts instead of importing alembic: the same heads."""
+    scripts = ScriptDirectory.from_config(db._alembic_config(package))
+    assert db._heads(package) == frozenset(scripts.get_heads())
 
 
 def test_require_schema_creates_no_missing_file_and_names_a_dead_server(tmp_path: Path) -> None:
