@@ -170,9 +170,8 @@ def quantile(q: float, counts: list[int]) -> float | None:
 
 def run_seconds(s: Session, row_id: int) -> float | None:
     """The row's last run time: its last ``result`` since the ``grant`` before it (None: no such pair)."""
-    ran = _ran()
     found = s.scalar(
-        select(E.at - ran)
+        select(E.at - _granted())
         .where(E.row_id == row_id, E.kind == EventKind.RESULT.value)
         .order_by(E.id.desc())
         .limit(1)
@@ -180,7 +179,7 @@ def run_seconds(s: Session, row_id: int) -> float | None:
     return None if found is None else float(found)
 
 
-def _ran() -> ColumnElement[float]:
+def _granted() -> ColumnElement[float]:
     """The time of the last ``grant`` before this event on its row: one seek of ``ix_audit_events_row_id``."""
     g = _GRANTS.c
     return (
@@ -193,35 +192,40 @@ def _ran() -> ColumnElement[float]:
     )
 
 
-def _slot(seconds: ColumnElement[float]) -> ColumnElement[int]:
-    """The ``DURATION_BUCKETS`` slot a duration falls in (``le``, as Prometheus counts)."""
-    return case(*((seconds <= b, i) for i, b in enumerate(DURATION_BUCKETS)), else_=len(DURATION_BUCKETS))
+def _readied() -> ColumnElement[float]:
+    """This event's row's ``ready_at``: one primary-key seek of ``assignments``."""
+    return select(A.ready_at).where(A.id == E.row_id).correlate(_EVENTS).scalar_subquery()
 
 
 def _waits(first: int, since: float, width: int) -> Select[Any]:
     """Claims per bucket and wait slot: each ``claim`` event since its row's ``ready_at``."""
-    waited = E.at - A.ready_at
-    bucket = func.floor(E.at / width).label("bucket")
-    slot = _slot(waited).label("slot")
-    return (
-        select(bucket, slot, func.count())
-        .select_from(_EVENTS.join(Assignment.__table__, A.id == E.row_id))
-        .where(E.id >= first, E.at >= since, E.kind == EventKind.CLAIM.value, A.ready_at.is_not(None))
-        .group_by(bucket, slot)
-    )
+    return _spans(EventKind.CLAIM, _readied(), first, since, width)
 
 
 def _runs(first: int, since: float, width: int) -> Select[Any]:
     """Results per bucket and run time slot: each ``result`` event since the ``grant`` before it."""
-    ran = (E.at - _ran()).label("ran")
-    runs = (
-        select(func.floor(E.at / width).label("bucket"), ran)
-        .where(E.id >= first, E.at >= since, E.kind == EventKind.RESULT.value)
-        .subquery()
+    return _spans(EventKind.RESULT, _granted(), first, since, width)
+
+
+def _spans(kind: EventKind, start: ColumnElement[float], first: int, since: float, width: int) -> Select[Any]:
+    """``kind`` events per bucket and ``DURATION_BUCKETS`` slot of their time since ``start``.
+
+    The range drives, and ``start`` is a seek per event: joined instead, SQLite walks every row of
+    ``assignments``. ``MATERIALIZED`` (SQLite 3.35+, PostgreSQL 12+): folded into the outer query,
+    the seek would run again in each of the slot's ``WHEN``s.
+    """
+    spans = (
+        select(func.floor(E.at / width).label("bucket"), (E.at - start).label("seconds"))
+        .where(E.id >= first, E.at >= since, E.kind == kind.value)
+        .cte("spans")
+        .prefix_with("MATERIALIZED")
     )
-    slot = _slot(runs.c.ran).label("slot")
+    seconds = spans.c.seconds
+    slot = case(*((seconds <= b, i) for i, b in enumerate(DURATION_BUCKETS)), else_=len(DURATION_BUCKETS))
     return (
-        select(runs.c.bucket, slot, func.count()).where(runs.c.ran.is_not(None)).group_by(runs.c.bucket, slot)
+        select(spans.c.bucket, slot.label("slot"), func.count())
+        .where(seconds.is_not(None))
+        .group_by(spans.c.bucket, slot)
     )
 
 

@@ -235,6 +235,6 @@ def test_each_chart_reads_one_primary_key_range_not_the_table(store: PoolStore, 
     plan = _plan(store, statement)
     if store.engine.dialect.name == "sqlite":
         assert re.search(r"(SEARCH|SCAN) audit_events USING INTEGER PRIMARY KEY \(rowid>\?\)", plan), plan
-        assert not re.search(r"SCAN audit_events$", plan, re.M), plan
+        assert not re.search(r"SCAN (audit_events|assignments)$", plan, re.M), plan
     else:
         assert "Index Cond: (id >= 10)" in plan and "Seq Scan" not in plan, plan
