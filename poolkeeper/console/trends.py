@@ -26,6 +26,7 @@ LEFT, BOTTOM, TOP = 44, 20, 8  # room for the y labels, the x labels, the top li
 # The hour refreshes at the console's poll; the day's buckets are 10 minutes, and reading it
 # walks the whole day's range (bench/trends.py), so it refreshes once a minute.
 DAY_REFRESH_SECONDS = 60
+PERCENTILES: dict[str, Any] = {"summed": False, "digits": 3}  # wait and run time: p50, p95, p99 in seconds
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,20 @@ def _clock(ts: float) -> str:
 
 
 def chart(
-    key: str, title: str, unit: str, starts: list[float], series: dict[str, list[Any]]
+    key: str,
+    title: str,
+    unit: str,
+    starts: list[float],
+    series: dict[str, list[Any]],
+    *,
+    summed: bool = True,
+    digits: int = 1,
 ) -> dict[str, Any]:
-    """A line chart's geometry: one polyline per series over the buckets, a gap-free line (None as 0)."""
+    """A line chart's geometry: one polyline per series over the buckets, a gap-free line (None as 0).
+
+    ``summed``: a series' total means something (counts do; percentiles do not, and say only their
+    peak); ``digits``: the decimals its numbers are shown with.
+    """
     n = len(starts)
     top = max([v for values in series.values() for v in values if v is not None] or [0])
     scale = top if top > 0 else 1
@@ -86,6 +98,8 @@ def chart(
         "width": WIDTH,
         "height": HEIGHT,
         "clocks": [_clock(ts) for ts in starts],
+        "summed": summed,
+        "digits": digits,
     }
 
 
@@ -110,6 +124,13 @@ def page(pages: Pages, window: str, now: float) -> dict[str, Any]:
             chart("events", f"Transitions per {per}", "events", starts, dict(found.events)),
             chart("rows", f"Rows by state, at the end of each {per}", "rows", starts, dict(found.rows)),
             chart("latency", f"Expiry → re-grant, per {per}", "seconds", starts, latency),
+            # the store's, not this process's histograms: every replica draws the same
+            chart(
+                "waits", f"Wait, ready → claimed, per {per}", "seconds", starts, found.waits, **PERCENTILES
+            ),
+            chart(
+                "runs", f"Run time, grant → result, per {per}", "seconds", starts, found.runs, **PERCENTILES
+            ),
         ],
         "queue_depth": plane.queue_depth,
         "redis_error": plane.error,

@@ -39,3 +39,19 @@ def test_an_empty_window_draws_flat_lines_and_a_latency_gap_reads_as_no_value() 
     assert '<title id="t-latency">Wait</title>' in html
     assert html.count('<td class="num">-</td>') == 60  # the table says "no value", not 0
     assert 'data-metric="queue_depth">unknown' in html
+
+
+def test_a_percentile_chart_says_its_peaks_in_milliseconds_and_no_total() -> None:
+    """Percentiles do not add up: their chart shows each line's peak to the millisecond, never a total."""
+    p50: list[float | None] = [None] * 60
+    p99: list[float | None] = [None] * 60
+    p50[10], p99[10] = 0.0042, 0.0871
+    drawn = console_trends.chart(
+        "waits", "Wait", "seconds", STARTS, {"p50": p50, "p99": p99}, **console_trends.PERCENTILES
+    )
+    html = console_views.render(
+        "_trends.html", charts=[drawn], now=NOW, poll=2, refresh=None, queue_depth=0, redis_error=None
+    )
+    assert "p50: peak 0.004 at" in html and "p99: peak 0.087 at" in html
+    assert not re.search(r"total \d", html)  # in the description, the legend or anywhere
+    assert '<td class="num">0.087</td>' in html and html.count('<td class="num">-</td>') == 2 * 59
