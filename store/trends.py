@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Select, Table, case, func, select
+from sqlalchemy import ColumnElement, FromClause, Select, Table, case, func, select
 from sqlalchemy.orm import Session
 
 from store.models import Assignment, AuditEvent, EventKind, RowState
@@ -192,30 +192,33 @@ def _granted() -> ColumnElement[float]:
     )
 
 
-def _readied() -> ColumnElement[float]:
-    """This event's row's ``ready_at``: one primary-key seek of ``assignments``."""
-    return select(A.ready_at).where(A.id == E.row_id).correlate(_EVENTS).scalar_subquery()
-
-
 def _waits(first: int, since: float, width: int) -> Select[Any]:
-    """Claims per bucket and wait slot: each ``claim`` event since its row's ``ready_at``."""
-    return _spans(EventKind.CLAIM, _readied(), first, since, width)
+    """Claims per bucket and wait slot: each ``claim`` event since its row's ``ready_at``.
+
+    Joined on ``row_id + 0``: by the bare column SQLite would walk all of ``assignments`` and
+    seek each row's events; so the range drives, with a primary-key seek per claim (a correlated
+    seek instead costs PostgreSQL twice the join's time, bench/trends.py).
+    """
+    rows = _EVENTS.join(Assignment.__table__, A.id == E.row_id + 0)
+    return _spans(EventKind.CLAIM, A.ready_at, first, since, width, rows)
 
 
 def _runs(first: int, since: float, width: int) -> Select[Any]:
     """Results per bucket and run time slot: each ``result`` event since the ``grant`` before it."""
-    return _spans(EventKind.RESULT, _granted(), first, since, width)
+    return _spans(EventKind.RESULT, _granted(), first, since, width, _EVENTS)
 
 
-def _spans(kind: EventKind, start: ColumnElement[float], first: int, since: float, width: int) -> Select[Any]:
-    """``kind`` events per bucket and ``DURATION_BUCKETS`` slot of their time since ``start``.
+def _spans(
+    kind: EventKind, start: ColumnElement[float], first: int, since: float, width: int, source: FromClause
+) -> Select[Any]:
+    """``kind`` events of the range per bucket and ``DURATION_BUCKETS`` slot of their time since ``start``.
 
-    The range drives, and ``start`` is a seek per event: joined instead, SQLite walks every row of
-    ``assignments``. ``MATERIALIZED`` (SQLite 3.35+, PostgreSQL 12+): folded into the outer query,
-    the seek would run again in each of the slot's ``WHEN``s.
+    ``MATERIALIZED`` (SQLite 3.35+, PostgreSQL 12+): folded into the outer query, a ``start`` that
+    seeks (the grant) would seek again in each of the slot's ``WHEN``s.
     """
     spans = (
         select(func.floor(E.at / width).label("bucket"), (E.at - start).label("seconds"))
+        .select_from(source)
         .where(E.id >= first, E.at >= since, E.kind == kind.value)
         .cte("spans")
         .prefix_with("MATERIALIZED")
