@@ -18,10 +18,10 @@ ordinal, on evidence from the board:
 - the run already has a row that is not terminal: nothing (a duplicate); a
   terminal one means the board reused a run id: refused (``DuplicateIdentity``);
 - else add the row on the reserved ordinal, with when the board says the task turned
-  ready (its wait, ``poolkeeper_task_wait_seconds``, observed here: the one process that
-  knows both ends at once); if a row holds it (the reservation
-  was lost), on another free one; with none free the claim waits (``waits``) for the
-  next free ordinal, which dispatch hands to waiting claims before claiming anything.
+  ready (its wait, ``poolkeeper_task_wait_seconds``, is observed here, where both ends
+  are known); if a row holds it (the reservation was lost), on another free one; with
+  none free the claim waits (``waits``) for the next free ordinal, which dispatch hands
+  to waiting claims before claiming anything.
   Nothing changes on the board for a pool-side failure: a transient one (store
   or board busy, no ordinal free) is retried with the ordinal still reserved;
   when the retries run out the claim is left to reconcile, which hands it
