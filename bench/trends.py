@@ -2,10 +2,10 @@
 
 Fills the audit trail of a fresh store (a SQLite file, and PostgreSQL when one answers)
 with ``--events`` events spread evenly over the last ``--days`` (24 h), each row a cycle of claim,
-grant, expiry, re-grant, result, settle, failure, then reads the Trends page's data
-(``store.trends.read``: the bisection for the window's first id and its two grouped
-reads, all three charts) for the last hour and the last day. Two baselines in the same
-run, over the same data:
+grant, expiry, re-grant, result, settle, failure, and its row (settled, ready 1.5 s before
+its claim), then reads the Trends page's data (``store.trends.read``: the bisection for the
+window's first id and its grouped reads, all five charts) for the last hour and the last
+day. Two baselines in the same run, over the same data:
 
 - ``count``: a plain ``SELECT count(*) … WHERE id >= :first``, the same primary-key
   range and nothing else: the floor a chart could cost;
@@ -67,10 +67,18 @@ def fill(store: PoolStore, events: int, days: float, now: float) -> float:
         f" SELECT i / {len(CYCLE)} + 1, :t0 + i * :step, {_case(0)}, {_case(1)}, {_case(2)}, 1, i, 'bench'"
         f" FROM {numbers}"
     )
+    # Each cycle's row, settled, with a ready_at 1.5 s before its claim: what the wait chart joins.
+    rows = (
+        "INSERT INTO assignments (id, board, task_id, run_id, ordinal, state, attempt, payload_digest,"
+        " created_at, updated_at, ready_at, failures, next_attempt_at, quarantined)"
+        f" SELECT i / {len(CYCLE)} + 1, 'b', 't' || i, 1, 0, 'finalized', 1, 'x', :t0 + i * :step,"
+        f" :t0 + i * :step, :t0 + i * :step - 1.5, 0, 0, false FROM {numbers} WHERE i % {len(CYCLE)} = 0"
+    )
     started = time.perf_counter()
     with store.session() as s:
         span = days * DAY_SECONDS
-        s.execute(text(sql), {"n": events, "t0": now - span, "step": span / events})
+        for statement in (sql, rows):
+            s.execute(text(statement), {"n": events, "t0": now - span, "step": span / events})
     with store.engine.connect() as conn:
         conn.execute(text("ANALYZE"))
         conn.commit()

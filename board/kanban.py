@@ -273,6 +273,7 @@ class KanbanBoard:
                     "body": spec.body,
                     "status": TaskStatus.READY.value,
                     "lane": spec.lane,
+                    "ready_at": now,
                     "created_at": now,
                     "updated_at": now,
                 }
@@ -299,6 +300,7 @@ class KanbanBoard:
             status=TaskStatus.READY.value,
             block_reason=None,
             block_kind=None,
+            readied=True,
         )
 
     def cancel_task(self, board: str, task_id: str) -> BoardTask:
@@ -323,6 +325,7 @@ class KanbanBoard:
             lane=lane,
             current_run_id=T.current_run_id + 1,
             run_outcome="moved",
+            readied=True,
         )
 
     def _operator_move(
@@ -331,9 +334,13 @@ class KanbanBoard:
         task_id: str,
         allowed: set[TaskStatus],
         run_outcome: str | None = None,
+        readied: bool = False,
         **values: Any,
     ) -> BoardTask:
+        """One operator move; ``readied``: the task's wait starts again now (``ready_at``)."""
         now = time.time()
+        if readied:
+            values["ready_at"] = now
         with self._tx() as conn:
             row = conn.execute(select(tasks).where(T.board == board, T.id == task_id)).first()
             if row is None:
@@ -429,6 +436,7 @@ class KanbanBoard:
             block_reason=row.block_reason,
             block_kind=row.block_kind,
             result=self._result(row),
+            ready_at=row.ready_at,
         )
 
     def _result(self, row: Row[Any]) -> dict[str, Any] | None:

@@ -38,6 +38,9 @@ class BoardTask:
     block_reason: str | None = None
     block_kind: str | None = None
     result: dict[str, Any] | None = None
+    # When the task last turned ready (epoch seconds): where its claim's wait starts; None when the
+    # board does not say (then the wait is not measured, never guessed).
+    ready_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -112,13 +115,14 @@ class Board(Protocol):
         """A new ``ready`` task (its board is created on first use); returns its id."""
 
     def unblock_task(self, board: str, task_id: str) -> BoardTask:
-        """A parked task goes back to ``ready`` (its next claim gets a new run id)."""
+        """A parked task goes back to ``ready`` (its next claim gets a new run id), ``ready_at`` now."""
 
     def cancel_task(self, board: str, task_id: str) -> BoardTask:
         """End a task for good: it is ``done`` with result ``{"cancelled": true}``."""
 
     def reassign_task(self, board: str, task_id: str, *, assignee: str, lane: str) -> BoardTask:
-        """Hand a running task to someone else: a new run starts, the old one has moved on."""
+        """Hand a running task to someone else: a new run starts, the old one has moved on; the new
+        run's wait starts now (``ready_at``), for the lane it is handed to."""
 
     def delete_task(self, board: str, task_id: str) -> None: ...
 

@@ -52,6 +52,9 @@ tasks = Table(
     Column("block_reason", Text),
     Column("block_kind", String(shapes.BLOCK_KIND_CHARS)),
     Column("result", Text),
+    # When the task last turned ready (added, unblocked, reassigned): where a claim's wait starts.
+    # Null for a task that was not ready when the column came (migration 0003).
+    Column("ready_at", Float),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     ForeignKeyConstraint(["board"], ["boards.name"], name="fk_tasks_board"),

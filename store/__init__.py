@@ -338,6 +338,7 @@ class PoolStore:
         ordinal: int,
         payload: dict[str, Any],
         now: float | None = None,
+        ready_at: float | None = None,
     ) -> Literal["added", "duplicate"]:
         with self.session() as s:
             return transitions.add_run(
@@ -349,6 +350,7 @@ class PoolStore:
                 payload=payload,
                 pool_size=self.pool_size,
                 now=_now(now),
+                ready_at=ready_at,
             )
 
 

@@ -119,8 +119,11 @@ class Assignment(Base):
     payload_digest: Mapped[str] = mapped_column(String(64))
     result: Mapped[str | None] = mapped_column(Text)
     result_digest: Mapped[str | None] = mapped_column(String(64))
-    created_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)  # the claim: materialize recorded it here
     updated_at: Mapped[float] = mapped_column(Float)
+    # when the board says the task turned ready for this run (its wait ends at ``created_at``);
+    # null when the board does not say
+    ready_at: Mapped[float | None] = mapped_column(Float)
     # maintenance bookkeeping: durable backoff and quarantine
     failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_error: Mapped[str | None] = mapped_column(Text)

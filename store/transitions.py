@@ -46,8 +46,10 @@ def add_run(
     now: float,
     actor: str = audit.UNATTRIBUTED,
     traceparent: str | None = None,
+    ready_at: float | None = None,
 ) -> Literal["added", "duplicate"]:
-    """Record a claimed board run on a free ordinal, attempt 1, state ``assigned``.
+    """Record a claimed board run on a free ordinal, attempt 1, state ``assigned``; ``ready_at`` is when
+    the board says the task turned ready (``store.trends``' wait runs from it to ``now``).
 
     An identical duplicate (same identity, ordinal and payload) of a row that
     is not terminal is a no-op; a conflicting one, an identity that already
@@ -84,6 +86,7 @@ def add_run(
         payload_digest=digest,
         created_at=now,
         updated_at=now,
+        ready_at=ready_at,
         traceparent=tracing.valid(traceparent),  # from a message: a malformed one is dropped, not stored
     )
     try:

@@ -17,9 +17,11 @@ ordinal, on evidence from the board:
   capability failure of the run itself, so park exactly that run;
 - the run already has a row that is not terminal: nothing (a duplicate); a
   terminal one means the board reused a run id: refused (``DuplicateIdentity``);
-- else add the row on the reserved ordinal; if a row holds it (the reservation
-  was lost), on another free one; with none free the claim waits (``waits``) for the
-  next free ordinal, which dispatch hands to waiting claims before claiming anything.
+- else add the row on the reserved ordinal, with when the board says the task turned
+  ready (its wait, ``poolkeeper_task_wait_seconds``, is observed here, where both ends
+  are known); if a row holds it (the reservation was lost), on another free one; with
+  none free the claim waits (``waits``) for the next free ordinal, which dispatch hands
+  to waiting claims before claiming anything.
   Nothing changes on the board for a pool-side failure: a transient one (store
   or board busy, no ordinal free) is retried with the ordinal still reserved;
   when the retries run out the claim is left to reconcile, which hands it
@@ -42,7 +44,7 @@ from core.db import is_transient
 from core.errors import CapabilityError, InvalidInput, OrdinalTaken, TransientError
 from store import audit, pause, presence, queries, transitions
 from store.models import TERMINAL_STATES
-from tasks import failures
+from tasks import failures, metrics
 from tasks.declaration import Lock, Outcome, Pass, Submit
 from tasks.plane import Plane
 
@@ -280,8 +282,18 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
         payload = build_payload(task, run_id)
     except CapabilityError as err:
         return park(plane, task, run_id, str(err))
+    outcome = _add_anywhere(plane, claim, payload, now, task.ready_at)
+    if outcome is Outcome.ADDED and task.ready_at is not None:  # once: a retry finds it a duplicate
+        metrics.TASK_WAIT.observe(max(0.0, now - task.ready_at))
+    return outcome
+
+
+def _add_anywhere(
+    plane: Plane, claim: Claim, payload: dict[str, Any], now: float, ready_at: float | None
+) -> Outcome:
+    """The claim's row on its reserved ordinal, else on any free one, else the claim waits."""
     try:
-        return add(plane, claim, ordinal(claim), payload, now)
+        return add(plane, claim, ordinal(claim), payload, now, ready_at)
     except OrdinalTaken:
         # A row holds the ordinal: the reservation was lost (Redis restarted, a dead holder's
         # lapsed, a duplicate gave it back). Any free ordinal will do. The store's unique
@@ -294,7 +306,7 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
             wait(plane, [claim])
             return Outcome.WAITS
         try:
-            return add(plane, claim, others[0], payload, now)
+            return add(plane, claim, others[0], payload, now, ready_at)
         finally:
             plane.coord.release(others)
 
@@ -315,7 +327,9 @@ def _bodies(claims: Sequence[Claim]) -> dict[str, str]:
     return {claim_name(c): json.dumps({k: v for k, v in c.items() if k != "ordinal"}) for c in claims}
 
 
-def add(plane: Plane, claim: Claim, on: int, payload: dict[str, Any], now: float) -> Outcome:
+def add(
+    plane: Plane, claim: Claim, on: int, payload: dict[str, Any], now: float, ready_at: float | None
+) -> Outcome:
     """The claim's row on ordinal ``on``, in one short transaction (``OrdinalTaken`` if it is held)."""
     board, task_id, run_id = claim["board"], claim["task_id"], int(claim["run_id"])
     with plane.store.session() as s:
@@ -335,6 +349,7 @@ def add(plane: Plane, claim: Claim, on: int, payload: dict[str, Any], now: float
             actor=audit.by_pass(PASS.name),
             # the run's root: its claim's span (or, for a claim reconcile handed over, this one)
             traceparent=tracing.valid(claim.get("traceparent")) or tracing.current(),
+            ready_at=ready_at,
         )
     return Outcome.ADDED
 

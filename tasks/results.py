@@ -10,6 +10,10 @@ operator) gives ``finalized``; still running means retry (``TransientError``).
 A stored result that cannot be read (poisoned data) raises and is recorded on
 this row only. Replaying this pass is harmless: the board calls are
 compare-and-set and the settle is conditional.
+Observes: the run's time from its grant to its result (``poolkeeper_run_seconds``), read
+from the audit trail once the row is settled: the result was accepted by whichever
+``serve`` replica (or embedded store) the worker spoke to, so the plane's exporter, which
+sees every run, is where one histogram holds them all.
 Returns: ``finalized`` or ``stale``.
 """
 
@@ -20,9 +24,9 @@ from functools import partial
 
 from core import tracing
 from core.errors import TransientError
-from store import queries
+from store import queries, trends
 from store.models import Assignment, RowState
-from tasks import evidence
+from tasks import evidence, metrics
 from tasks.declaration import Lock, Outcome, Pass, due_rows
 from tasks.plane import Plane
 
@@ -48,7 +52,13 @@ def _finalize(plane: Plane, row: Assignment, now: float) -> Outcome:
         why = f"{evidence.described(task, row.run_id)}; the result was not applied"
     if to is None:
         raise TransientError(f"board refused the result of {row.board}/{row.task_id} run {row.run_id}")
-    return evidence.settle(plane, row, to, now, by=PASS.name, evidence=why)
+    settled = evidence.settle(plane, row, to, now, by=PASS.name, evidence=why)
+    # Once per run (a settled row is never due here again), from the trail the console reads too.
+    with plane.store.session(readonly=True) as s:
+        ran = trends.run_seconds(s, row.id)
+    if ran is not None:
+        metrics.RUN_SECONDS.observe(max(0.0, ran))
+    return settled
 
 
 PASS = Pass(

@@ -12,6 +12,7 @@ Queue depth has no history source: it is Redis's ``LLEN`` as the page is drawn.
 from __future__ import annotations
 
 import datetime
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,9 @@ LEFT, BOTTOM, TOP = 44, 20, 8  # room for the y labels, the x labels, the top li
 # The hour refreshes at the console's poll; the day's buckets are 10 minutes, and reading it
 # walks the whole day's range (bench/trends.py), so it refreshes once a minute.
 DAY_REFRESH_SECONDS = 60
+# wait and run time: p50, p95, p99 in seconds, from milliseconds to hours
+PERCENTILES: dict[str, Any] = {"summed": False, "digits": 3, "log": True}
+LOG_DECADES = 6
 
 
 @dataclass(frozen=True)
@@ -43,19 +47,40 @@ def _clock(ts: float) -> str:
 
 
 def chart(
-    key: str, title: str, unit: str, starts: list[float], series: dict[str, list[Any]]
+    key: str,
+    title: str,
+    unit: str,
+    starts: list[float],
+    series: dict[str, list[Any]],
+    *,
+    summed: bool = True,
+    digits: int = 1,
+    log: bool = False,
 ) -> dict[str, Any]:
-    """A line chart's geometry: one polyline per series over the buckets, a gap-free line (None as 0)."""
+    """A line chart's geometry: one polyline per series over the buckets, a gap-free line (None as 0).
+
+    ``summed``: a series' total means something (counts do; percentiles do not, and say only their
+    peak); ``digits``: the decimals its numbers are shown with; ``log``: a logarithmic y axis from
+    the smallest value drawn (at most ``LOG_DECADES`` below the top), for values that span
+    milliseconds to hours; no value (None, 0) lies on the bottom line.
+    """
     n = len(starts)
-    top = max([v for values in series.values() for v in values if v is not None] or [0])
+    drawn = [v for values in series.values() for v in values if v]
+    top = max(drawn or [0])
     scale = top if top > 0 else 1
+    bottom = max(min(drawn), top / 10**LOG_DECADES) if log and drawn else 0.0
+    decades = math.log10(top / bottom) if bottom and top > bottom else 1.0
     span_x, span_y = WIDTH - LEFT - 4, HEIGHT - BOTTOM - TOP
 
     def x(i: int) -> float:
         return LEFT + (span_x * i / (n - 1) if n > 1 else 0)
 
     def y(v: float | None) -> float:
-        return TOP + span_y * (1 - (v or 0) / scale)
+        if not bottom:
+            return TOP + span_y * (1 - (v or 0) / scale)
+        if not v:
+            return TOP + span_y
+        return TOP + span_y * (1 - max(0.0, math.log10(v / bottom)) / decades) if top > bottom else TOP
 
     lines = []
     for name, values in series.items():
@@ -78,6 +103,7 @@ def chart(
         "unit": unit,
         "lines": lines,
         "top": top,
+        "bottom": bottom,
         "x_ticks": ticks,
         "y_top": TOP,
         "y_zero": TOP + span_y,
@@ -86,6 +112,8 @@ def chart(
         "width": WIDTH,
         "height": HEIGHT,
         "clocks": [_clock(ts) for ts in starts],
+        "summed": summed,
+        "digits": digits,
     }
 
 
@@ -110,6 +138,23 @@ def page(pages: Pages, window: str, now: float) -> dict[str, Any]:
             chart("events", f"Transitions per {per}", "events", starts, dict(found.events)),
             chart("rows", f"Rows by state, at the end of each {per}", "rows", starts, dict(found.rows)),
             chart("latency", f"Expiry → re-grant, per {per}", "seconds", starts, latency),
+            # the store's, not this process's histograms: every replica draws the same
+            chart(
+                "waits",
+                f"Wait, ready → claimed, per {per} (log scale)",
+                "seconds",
+                starts,
+                found.waits,
+                **PERCENTILES,
+            ),
+            chart(
+                "runs",
+                f"Run time, grant → result, per {per} (log scale)",
+                "seconds",
+                starts,
+                found.runs,
+                **PERCENTILES,
+            ),
         ],
         "queue_depth": plane.queue_depth,
         "redis_error": plane.error,

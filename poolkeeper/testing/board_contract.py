@@ -182,6 +182,35 @@ class BoardContract:
         board.unblock_task("b", "t1")
         assert claim(board) == [("b", "t1", run + 1)]
 
+    def test_ready_at_is_when_the_task_last_turned_ready(self, board: Board) -> None:
+        """``ready_at``: set on add, kept by a claim, set again by an unblock and a reassign. A board
+        that does not say (None) is allowed: the plane then measures no wait, rather than guess one."""
+
+        def ready_at() -> float | None:
+            task = board.get_task("b", "t1")
+            assert task is not None
+            return task.ready_at
+
+        before = time.time()
+        board.add_task("b", "x", task_id="t1")
+        added = ready_at()
+        if added is None:
+            pytest.skip("this board does not say when a task turned ready")
+        assert before <= added <= time.time()
+        [(_, _, run)] = claim(board)
+        assert ready_at() == added, "a claim ends the wait; it does not move its start"
+        assert board.block_task("b", "t1", "lease expired", "transient", run)
+        assert ready_at() == added
+        blocked = time.time()
+        board.unblock_task("b", "t1")
+        unblocked = ready_at()
+        assert unblocked is not None and blocked <= unblocked <= time.time()
+        claim(board)
+        handed = time.time()
+        moved = board.reassign_task("b", "t1", assignee="pool", lane="pool")
+        assert moved.ready_at is not None and handed <= moved.ready_at <= time.time()
+        assert ready_at() == moved.ready_at
+
     def test_an_unknown_task_is_none_and_an_unknown_board_runs_nothing(self, board: Board) -> None:
         assert board.get_task("nowhere", "t1") is None
         assert board.running_tasks("nowhere") == []

@@ -11,10 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from alembic import command
 from sqlalchemy import Engine, event, text
 
 from board import Board, FlakyBoard, TaskSpec, TaskStatus, add_tasks, open_board
 from board.faults import PoisonedTask
+from board.schema import metadata
+from core import db
 from core.errors import InvalidInput, NotFound, TransientError, UnusableURL
 from core.settings import Settings
 from core.validate import INT32_MAX, INT64_MAX
@@ -221,3 +224,33 @@ def test_the_board_url_scheme_picks_a_backend_or_names_the_known_ones(url: str, 
 def test_a_database_scheme_the_driver_cannot_open_names_the_variable() -> None:
     with pytest.raises(UnusableURL, match=r"^POOL_BOARD_URL: not a database URL"):
         open_board(Settings(board_url="sqlite+nosuchdriver:///x.db"))
+
+
+def test_the_ready_at_migration_fills_in_only_what_the_board_knew(
+    settings: Settings, engine_of: Callable[[Board], Engine]
+) -> None:
+    """Given a board at revision 0002 with a ready task and a running one: at head, the ready one's
+    ``ready_at`` is its last update (an add or an unblock), the running one's is unknown (None)."""
+    kanban = open_board(settings)
+    engine = engine_of(kanban)
+    cfg = db._alembic_config("board")
+    cfg.attributes["target_metadata"] = metadata
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0002")
+        conn.execute(text("INSERT INTO boards (name, archived, created_at) VALUES ('b', false, 1)"))
+        for task, status, run in (("waits", "ready", None), ("runs", "running", 1)):
+            conn.execute(
+                text(
+                    "INSERT INTO tasks (board, id, title, body, status, current_run_id, lane, created_at,"
+                    " updated_at) VALUES ('b', :id, 'x', '', :status, :run, 'pool', 10, 20)"
+                ),
+                {"id": task, "status": status, "run": run},
+            )
+    try:
+        kanban.migrate()
+        ready, running = kanban.get_task("b", "waits"), kanban.get_task("b", "runs")
+        assert ready is not None and ready.ready_at == 20.0
+        assert running is not None and running.ready_at is None
+    finally:
+        kanban.close()

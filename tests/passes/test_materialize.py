@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import Engine, text
 
 from board import Board, FlakyBoard, TaskStatus
@@ -229,3 +230,28 @@ def test_an_unreadable_row_is_seen_by_the_operator_and_freed_by_the_boards_word(
     assert row_state(plane.store, row)["state"] == "stale"
     with plane.store.session() as s:
         assert queries.free_ordinals(s, plane.settings.pool_size) == [0, 1, 2]
+
+
+def test_a_claimed_row_keeps_when_its_task_turned_ready_and_its_wait_is_observed_once(
+    plane: Plane, kanban: Board, engine_of: Callable[[Board], Engine]
+) -> None:
+    """Given a task the board says turned ready 42 s before the claim is materialized; the row keeps
+    ``ready_at`` and ``poolkeeper_task_wait_seconds`` counts 42 s once (a replayed claim: not again)."""
+    kanban.add_task("b", "t", task_id="t")
+    with engine_of(kanban).begin() as conn:
+        conn.execute(text("UPDATE tasks SET ready_at = :at WHERE id = 't'"), {"at": NOW - 42})
+    before = waits()
+    [claim] = dispatched(plane)
+    assert runner.run_key(plane, "materialize", claim, NOW) == "added"
+    assert runner.run_key(plane, "materialize", claim, NOW + 1) == "duplicate"
+    with plane.store.session(readonly=True) as s:
+        [row] = queries.rows(s)
+    assert row.ready_at == NOW - 42
+    count, total = waits()
+    assert (count - before[0], total - before[1]) == (1, 42)
+
+
+def waits() -> tuple[float, float]:
+    """``poolkeeper_task_wait_seconds``' count and sum in this process."""
+    get = REGISTRY.get_sample_value
+    return get("poolkeeper_task_wait_seconds_count") or 0.0, get("poolkeeper_task_wait_seconds_sum") or 0.0

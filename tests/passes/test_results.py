@@ -6,12 +6,13 @@ import logging
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 from board import Board, TaskStatus
 from tasks import runner
 from tasks.plane import Plane
-from tests.factories import NOW, OWNER, claimed, deliver, row_state, running_row
+from tests.factories import NOW, OWNER, claimed, deliver, holder_envelope, row_state, running_row
 
 
 @pytest.mark.parametrize(
@@ -59,3 +60,21 @@ def test_poisoned_result_is_quarantined_and_others_go_on(
     assert len(failure_lines) == 1, "an unchanged failure is reported once"
     quarantine = [r.getMessage() for r in caplog.records if "quarantined after" in r.getMessage()]
     assert quarantine == [f"results row {poisoned} quarantined after 3 failures in a row (poolctl requeue)"]
+
+
+def test_a_settled_result_observes_its_run_time_once(plane: Plane, kanban: Board) -> None:
+    """Given a run granted at NOW whose result came 7 s later: settling it counts 7 s in
+    ``poolkeeper_run_seconds``; the replay that finds it settled counts nothing."""
+    row = running_row(plane, kanban)
+    plane.store.accept_result(holder_envelope(plane.store, row, "r", payload={"status": "done"}), now=NOW + 7)
+    before = runs()
+    assert runner.run_key(plane, "results", row, NOW + 8) == "finalized"
+    assert runner.run_key(plane, "results", row, NOW + 9) == "lost_race"
+    count, total = runs()
+    assert (count - before[0], total - before[1]) == (1, 7)
+
+
+def runs() -> tuple[float, float]:
+    """``poolkeeper_run_seconds``' count and sum in this process."""
+    get = REGISTRY.get_sample_value
+    return get("poolkeeper_run_seconds_count") or 0.0, get("poolkeeper_run_seconds_sum") or 0.0

@@ -315,13 +315,23 @@ def test_worker_exports_prometheus_metrics(env: PlaneEnv) -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             return str(resp.read().decode())
 
+    # Every run's wait (ready -> claimed, in materialize) and run time (grant -> result, in results),
+    # observed once in the Celery children and merged by the exporter.
+    counted = ("poolkeeper_task_wait_seconds_count 5.0", "poolkeeper_run_seconds_count 5.0")
     body = str(
         wait_for(
-            "finalized rows in the metrics",
-            lambda: 'poolkeeper_rows{state="finalized"} 5.0' in scrape() and scrape(),
+            "finalized rows, their waits and run times in the metrics",
+            lambda: (
+                (got := scrape())
+                and 'poolkeeper_rows{state="finalized"} 5.0' in got
+                and all(c in got for c in counted)
+                and got
+            ),
             30,
         )
     )
+    assert 'poolkeeper_task_wait_seconds_bucket{le="86400.0"} 5.0' in body
+    assert 'poolkeeper_run_seconds_bucket{le="0.001"} 0.0' in body  # each ran its 50 ms at least
     assert 'poolkeeper_pass_outcomes_total{outcome="finalized",pass_name="results"}' in body
     assert 'poolkeeper_pass_outcomes_total{outcome="added",pass_name="materialize"}' in body
     assert "poolkeeper_quarantined_rows 0.0" in body

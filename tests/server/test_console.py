@@ -40,7 +40,7 @@ from poolkeeper.embedded import CeleryProc, RedisServer, ServeProc, free_port, w
 from poolkeeper.workerhost.client import PoolClient
 from store import PoolStore, audit
 from store.models import EventKind
-from tasks import failures, registry
+from tasks import failures, materialize, registry
 from tasks.coordination import LocalCoordination, queue_lists
 from tasks.plane import Plane
 from tasks.redis_coordination import RedisCoordination
@@ -1085,6 +1085,32 @@ def test_the_trends_page_shows_a_failure_spike_without_a_reload(driver: WebDrive
         colours[scheme] = in_page(driver, f"getComputedStyle({line}).stroke")
     browser.color_scheme(driver, "light")
     assert colours["light"] != colours["dark"], colours
+
+
+def test_the_trends_page_charts_wait_and_run_percentiles_read_from_the_store(console: Console) -> None:
+    """Given a task ready 3 s before materialize claims it, granted then, its result 0.2 s later: a
+    serve's Trends page draws p50, p95 and p99 of both, from the store (not its own metrics)."""
+    console.kanban.add_task("b", "timed", task_id="timed")
+    [c] = console.kanban.claim_ready(1, assignee=console.settings.assignee, lane=console.settings.lane)
+    now = time.time()
+    with console.kanban.engine.begin() as conn:  # type: ignore[attr-defined]
+        conn.execute(text("UPDATE tasks SET ready_at = :at WHERE id = 'timed'"), {"at": now - 3})
+    claim = {"board": c.board, "task_id": c.task_id, "run_id": c.run_id, "ordinal": 0}
+    assert materialize.run(console.plane, claim, now) == "added"
+    offer = console.store.offer(0, owner="w", now=now)
+    assert offer is not None
+    console.store.accept_result({**envelope(offer, "r"), "payload": {"status": "done"}}, now=now + 0.2)
+    with httpx.Client(base_url=console.url) as http:
+        http.post("/ui/login", data={"token": tokens.viewer_token(SECRET)})
+        page = http.get("/ui/trends").text
+    for key, p50 in (("waits", "3.75"), ("runs", "0.175")):  # one value each, read within its bucket
+        chart = page[page.index(f'id="chart-{key}"') :].split("</section>", 1)[0]
+        peaks = dict(re.findall(r'data-series="(p\d\d)" data-total="[^"]*" data-peak="([^"]*)"', chart))
+        assert set(peaks) == {"p50", "p95", "p99"} and peaks["p50"] == p50, (key, peaks)
+        assert float(peaks["p50"]) < float(peaks["p95"]) < float(peaks["p99"])
+        assert (
+            f"p50: peak {p50} at" in chart and "total" not in chart.split("<desc", 1)[1].split("</desc>")[0]
+        )
 
 
 def test_a_rows_page_shows_what_the_run_was_and_printed_escaped(console: Console) -> None:

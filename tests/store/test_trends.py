@@ -6,6 +6,7 @@ events one unit on either side of each bucket's edge and of the window's start.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from typing import Any
@@ -13,12 +14,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Select, text
 
-from store import PoolStore, audit, trends
+from store import PoolStore, audit, transitions, trends
 from store.models import EventKind, RowState
-from tests.factories import NOW
+from tests.factories import NOW, holder_envelope
 
 K = EventKind
 HOUR = trends.HOUR
+TASKS = itertools.count()
 # the fixed clock's minute starts at LAST; the window's first bucket at START
 LAST = NOW // 60 * 60
 START = LAST - 59 * 60
@@ -121,6 +123,95 @@ def test_first_id_finds_the_window_start_across_gaps_in_the_ids(store: PoolStore
             assert trends.first_id(s, since) == want, since
 
 
+def claimed(store: PoolStore, ordinal: int, *, ready: float | None, at: float, granted: float) -> int:
+    """Given a run through the store's own calls: ready on the board, its row added, granted. Its row id."""
+    task = f"t{next(TASKS)}"
+    store.add_run(board="b", task_id=task, run_id=1, ordinal=ordinal, payload={}, now=at, ready_at=ready)
+    offer = store.offer(ordinal, owner="w", now=granted)
+    assert offer is not None
+    return offer.row_id
+
+
+def done(store: PoolStore, row: int, at: float) -> None:
+    """Its result accepted at ``at``, and the row settled (its ordinal free again)."""
+    store.accept_result(holder_envelope(store, row, f"r{row}", payload={"status": "done"}), now=at)
+    with store.session() as s:
+        transitions.settle(s, row, RowState.FINALIZED, expect_state="result", expect_attempt=1, now=at)
+
+
+def some(value: float | None) -> float:
+    assert value is not None
+    return value
+
+
+def ran(
+    store: PoolStore, ordinal: int, *, ready: float | None, at: float, granted: float, ended: float
+) -> int:
+    row = claimed(store, ordinal, ready=ready, at=at, granted=granted)
+    done(store, row, ended)
+    return row
+
+
+def test_wait_percentiles_are_read_from_each_claims_ready_at_in_its_claims_bucket(store: PoolStore) -> None:
+    """Given 100 claims in bucket 30 that waited 0.3 to 99.3 ms since ready, and one in bucket 31 that
+    waited 50 minutes: p50/p95/p99 read off the histogram buckets; a claim without ``ready_at`` is not
+    counted."""
+    at = START + 30 * 60
+    for i in range(100):
+        ran(store, i % 3, ready=at - (i + 0.3) / 1000, at=at, granted=at + 1, ended=at + 2)
+    ran(store, 0, ready=at + 60 - 3000, at=at + 60, granted=at + 61, ended=at + 62)
+    ran(store, 1, ready=None, at=at + 120, granted=at + 121, ended=at + 122)  # the board did not say
+    found = hour(store)
+    p50, p95, p99 = (found.waits[q] for q in ("p50", "p95", "p99"))
+    # 50 of the 100 are at most 50 ms, the last 25 of them in (25 ms, 50 ms]: p50 is that bucket's top
+    assert (
+        p50[30] == pytest.approx(0.05) and p95[30] == pytest.approx(0.095) and p99[30] == pytest.approx(0.099)
+    )
+    assert 1800 < some(p50[31]) < some(p95[31]) < some(p99[31]) <= 3600  # one claim: within its bucket
+    assert [i for i, v in enumerate(p50) if v is not None] == [30, 31]
+    assert found.runs["p50"][30] == pytest.approx(0.75)  # each ran 1 s: halfway into (0.5 s, 1 s]
+
+
+def test_run_percentiles_are_each_results_time_since_the_grant_before_it(store: PoolStore) -> None:
+    """A run longer than the window still counts: its grant is found by its row, not in the range."""
+    at = START + 45 * 60
+    long = claimed(store, 2, ready=None, at=START - 7200, granted=START - 7200)
+    with store.session() as s:  # its heartbeats kept the lease all along
+        s.execute(text("UPDATE assignments SET lease_until = :far WHERE id = :id"), {"far": NOW, "id": long})
+    for i in range(20):
+        ran(store, i % 2, ready=at - 5, at=at - 4, granted=at - 3, ended=at)  # 3 s each
+    done(store, long, at + 60)  # 2 h 46 min
+    found = hour(store)
+    assert found.runs["p50"][45] == pytest.approx(3.75) and 3.75 < some(found.runs["p99"][45]) <= 5
+    assert 7200 < some(found.runs["p50"][46]) <= 14400
+    assert [i for i, v in enumerate(found.runs["p99"]) if v is not None] == [45, 46]
+    assert found.waits["p50"][44] == pytest.approx(0.75)  # claimed a minute earlier, each after 1 s
+
+
+def test_run_seconds_of_a_row_is_its_last_result_since_the_grant_before_it(store: PoolStore) -> None:
+    row = ran(store, 2, ready=NOW - 9, at=NOW - 8, granted=NOW - 6.5, ended=NOW)
+    with store.session(readonly=True) as s:
+        assert trends.run_seconds(s, row) == pytest.approx(6.5)
+        assert trends.run_seconds(s, row + 1) is None  # no such row: nothing ran
+
+
+@pytest.mark.parametrize(
+    ("counts", "q", "want"),
+    [
+        ([0] * 25, 0.5, None),  # nothing counted
+        ([4] + [0] * 24, 0.5, 0.0005),  # the first bucket starts at 0
+        ([0, 2, 2] + [0] * 22, 0.5, 0.0025),  # the 2nd of 4 ends bucket (0.001, 0.0025]
+        ([0, 2, 2] + [0] * 22, 0.75, 0.00375),  # halfway into (0.0025, 0.005]
+        ([0] * 24 + [3], 0.99, trends.DURATION_BUCKETS[-1]),  # past the last bound: read as the last
+    ],
+)
+def test_a_quantile_interpolates_within_its_bucket_as_histogram_quantile_does(
+    counts: list[int], q: float, want: float | None
+) -> None:
+    assert len(counts) == len(trends.DURATION_BUCKETS) + 1
+    assert trends.quantile(q, counts) == (None if want is None else pytest.approx(want))
+
+
 def _plan(store: PoolStore, statement: Select[Any]) -> str:
     """The database's plan for ``statement`` (its values inlined)."""
     sql = str(statement.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True}))
@@ -131,17 +222,19 @@ def _plan(store: PoolStore, statement: Select[Any]) -> str:
         return "\n".join(str(r[0]) for r in s.execute(text(f"EXPLAIN {sql}")))
 
 
-@pytest.mark.parametrize("query", ["counts", "latency", "seek"])
+@pytest.mark.parametrize("query", ["counts", "latency", "seek", "waits", "runs"])
 def test_each_chart_reads_one_primary_key_range_not_the_table(store: PoolStore, query: str) -> None:
     write(store, *[(NOW - i, K.GRANT, "assigned", "running") for i in range(50)])
     statement = {
         "counts": trends._counts(10, START, 60),
         "latency": trends._latency(10, START, 60),
         "seek": trends._seek(10),
+        "waits": trends._waits(10, START, 60),
+        "runs": trends._runs(10, START, 60),
     }[query]
     plan = _plan(store, statement)
     if store.engine.dialect.name == "sqlite":
         assert re.search(r"(SEARCH|SCAN) audit_events USING INTEGER PRIMARY KEY \(rowid>\?\)", plan), plan
-        assert not re.search(r"SCAN audit_events$", plan, re.M), plan
+        assert not re.search(r"SCAN (audit_events|assignments)$", plan, re.M), plan
     else:
         assert "Index Cond: (id >= 10)" in plan and "Seq Scan" not in plan, plan
