@@ -71,7 +71,7 @@ def database_error(request: Request, err: Exception) -> JSONResponse:
     return _busy("StoreError", "the pool store failed; the server logged it")
 
 
-def validation_error(_: Request, err: Exception) -> JSONResponse:
+def validation_error(request: Request, err: Exception) -> JSONResponse:
     assert isinstance(err, RequestValidationError)
     issues = [
         {
@@ -81,6 +81,11 @@ def validation_error(_: Request, err: Exception) -> JSONResponse:
         }
         for e in err.errors()
     ]  # never the offending input itself: it may be large, and is the client's anyway
+    sent = request.headers.get("content-type", "")
+    if sent and sent.split(";")[0].strip().lower() != "application/json":  # FastAPI read no JSON: say why
+        for issue in issues:
+            if issue["loc"] == ["body"]:
+                issue["msg"] = f"a JSON body needs Content-Type: application/json, not {sent[:80]}"
     return error_response(422, "ValidationError", issues)
 
 

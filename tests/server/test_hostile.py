@@ -253,6 +253,20 @@ def test_an_authenticated_bad_body_is_still_422(app_client: TestClient) -> None:
     assert answer.status_code == 422
 
 
+@pytest.mark.parametrize("sent", ["text/plain", "application/x-www-form-urlencoded"])
+def test_json_sent_under_another_content_type_is_told_which_one(app_client: TestClient, sent: str) -> None:
+    token = tokens.ordinal_token(SECRET, 0)
+    answer = app_client.post(
+        "/v1/offer",
+        content=b'{"owner": "w1"}',
+        headers={"Authorization": f"Bearer {token}", "Content-Type": sent},
+    )
+    assert answer.status_code == 422
+    [issue] = answer.json()["detail"]
+    assert issue["loc"] == ["body"]
+    assert issue["msg"] == f"a JSON body needs Content-Type: application/json, not {sent}"
+
+
 # --- 18. the loopback Host check --------------------------------------------------------------
 
 
