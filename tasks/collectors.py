@@ -108,6 +108,11 @@ class PlaneCollector:
             value=health.queue_depth or 0,
         )
         yield GaugeMetricFamily(
+            "poolkeeper_claims_waiting",
+            "Claimed runs with no row yet, waiting for the next free ordinal (dispatch serves them first).",
+            value=health.waiting_claims or 0,
+        )
+        yield GaugeMetricFamily(
             "poolkeeper_beat_alive",
             "1 while some pass was scanned within 3 of its intervals.",
             value=int(bool(health.beat_alive)),

@@ -57,6 +57,11 @@ def scanning_since_key(namespace: str) -> str:
     return f"{namespace}:scanning-since"
 
 
+def waiting_key(namespace: str) -> str:
+    """The sorted set of claims waiting for an ordinal, oldest first (``Coordination.wait_for_ordinal``)."""
+    return f"{namespace}:waiting"
+
+
 def processes_key(namespace: str) -> str:
     """The hash of each Celery worker's and beat's last beacon (``tasks.redis_coordination.Beacon``)."""
     return f"{namespace}:processes"

@@ -35,7 +35,14 @@ import redis
 from core.logs import mask_url
 from core.settings import Settings
 from tasks import registry
-from tasks.coordination import processes_key, queue_lists, scanning_since_key, scans_key, worker_redis_url
+from tasks.coordination import (
+    processes_key,
+    queue_lists,
+    scanning_since_key,
+    scans_key,
+    waiting_key,
+    worker_redis_url,
+)
 from tasks.redis_coordination import beacon_seconds, stamped
 
 LATE_AFTER = 3.0  # intervals without a scan before a pass counts as not scanning
@@ -67,10 +74,12 @@ class PlaneHealth:
     beat_alive: bool | None
     error: str | None = None  # why the rest is unknown
     processes: tuple[ProcessSeen, ...] | None = None  # None: Redis did not answer
+    waiting_claims: int | None = None  # claimed runs waiting for an ordinal (None: unknown)
 
     def as_json(self, now: float) -> dict[str, object]:
         return {
             "queue_depth": self.queue_depth,
+            "waiting_claims": self.waiting_claims,
             "beat_alive": self.beat_alive,
             "redis_error": self.error,
             "scans": {
@@ -120,9 +129,10 @@ def read(client: redis.Redis | None, settings: Settings, now: float, *, error: s
         pipe.hgetall(scans_key(settings.namespace))
         pipe.hgetall(processes_key(settings.namespace))
         pipe.get(scanning_since_key(settings.namespace))
+        pipe.zcard(waiting_key(settings.namespace))
         for name in queue_lists(settings):
             pipe.llen(name)
-        stamps, beacons, since, *lengths = pipe.execute()
+        stamps, beacons, since, waiting, *lengths = pipe.execute()
     except (redis.RedisError, OSError) as err:
         where = mask_url(worker_redis_url(settings))
         return PlaneHealth(unknown.scans, None, None, f"redis at {where}: {type(err).__name__}: {err}")
@@ -133,7 +143,7 @@ def read(client: redis.Redis | None, settings: Settings, now: float, *, error: s
         late = now - (last or started or -math.inf) > LATE_AFTER * interval
         scans.append(PassScan(name, interval, last, late))
     depth, seen = sum(int(n) for n in lengths), processes(beacons, settings, now)
-    return PlaneHealth(tuple(scans), depth, beat_alive(scans, settings), None, seen)
+    return PlaneHealth(tuple(scans), depth, beat_alive(scans, settings), None, seen, int(waiting))
 
 
 def processes(beacons: dict[bytes, bytes], settings: Settings, now: float) -> tuple[ProcessSeen, ...]:

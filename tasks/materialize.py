@@ -44,7 +44,7 @@ from core.db import is_transient
 from core.errors import CapabilityError, InvalidInput, OrdinalTaken, TransientError
 from store import audit, pause, presence, queries, transitions
 from store.models import TERMINAL_STATES
-from tasks import failures, metrics
+from tasks import failures
 from tasks.declaration import Lock, Outcome, Pass, Submit
 from tasks.plane import Plane
 
@@ -284,6 +284,8 @@ def _materialize(plane: Plane, claim: Claim, now: float) -> Outcome:
         return park(plane, task, run_id, str(err))
     outcome = _add_anywhere(plane, claim, payload, now, task.ready_at)
     if outcome is Outcome.ADDED and task.ready_at is not None:  # once: a retry finds it a duplicate
+        from tasks import metrics  # prometheus_client: not for `poolctl status`, which reads PASSES
+
         metrics.TASK_WAIT.observe(max(0.0, now - task.ready_at))
     return outcome
 

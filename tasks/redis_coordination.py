@@ -42,6 +42,7 @@ from tasks.coordination import (
     queue_lists,
     scanning_since_key,
     scans_key,
+    waiting_key,
     worker_redis_url,
 )
 
@@ -443,7 +444,7 @@ class RedisCoordination:
         self.adrift = json.dumps(adrift, separators=(",", ":"))  # _ADRIFT's argument
         self._finish = client.register_script(_FINISH)
         self._wait, self._take_waiting = client.register_script(_WAIT), client.register_script(_TAKE_WAITING)
-        self.waiting_keys = [f"{self.prefix}:waiting", f"{self.prefix}:waiting:claims"]
+        self.waiting_keys = [waiting_key(self.prefix), f"{waiting_key(self.prefix)}:claims"]
         self.keeper = Keeper(client, f"{self.prefix}:", hold_seconds(settings))
         self.where = f"redis at {mask_url(settings.redis_url)}"
 

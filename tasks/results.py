@@ -26,7 +26,7 @@ from core import tracing
 from core.errors import TransientError
 from store import queries, trends
 from store.models import Assignment, RowState
-from tasks import evidence, metrics
+from tasks import evidence
 from tasks.declaration import Lock, Outcome, Pass, due_rows
 from tasks.plane import Plane
 
@@ -57,6 +57,8 @@ def _finalize(plane: Plane, row: Assignment, now: float) -> Outcome:
     with plane.store.session(readonly=True) as s:
         ran = trends.run_seconds(s, row.id)
     if ran is not None:
+        from tasks import metrics  # prometheus_client: not for `poolctl status`, which reads PASSES
+
         metrics.RUN_SECONDS.observe(max(0.0, ran))
     return settled
 

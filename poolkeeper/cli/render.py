@@ -104,6 +104,8 @@ def status(data: dict[str, Any], pool_size: int) -> Table:
     unknown = safe(f"unknown ({data['redis_error']})")
     depth = data["queue_depth"]
     table.add_row("queue depth", unknown if depth is None else str(depth))
+    waiting = data["waiting_claims"]
+    table.add_row("claims waiting for an ordinal", unknown if waiting is None else str(waiting))
     alive = data["beat_alive"]
     table.add_row("beat", unknown if alive is None else "alive" if alive else "NOT SCANNING")
     for name, scan in data["scans"].items():

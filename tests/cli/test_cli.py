@@ -59,6 +59,7 @@ def test_init_is_idempotent_and_status_has_a_stable_json_shape(tmp_path: Path) -
         "board",
         "board_error",
         "queue_depth",
+        "waiting_claims",
         "beat_alive",
         "redis_error",
         "scans",

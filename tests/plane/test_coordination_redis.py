@@ -15,6 +15,7 @@ import redis
 
 from core.settings import Settings
 from poolkeeper.embedded import RedisServer, wait_for
+from tasks import liveness
 from tasks.coordination import queue_lists, queue_name
 from tasks.redis_coordination import (
     Keeper,
@@ -242,3 +243,11 @@ def test_finish_lets_go_of_its_own_locks_and_clears_the_finished_markers_at_once
     assert client.get("poolkeeper:lock:row:7") == b"someone-else", "another holder's lock stays"
     assert [k for k in keys if client.exists(f"poolkeeper:pending:expire:{k}")] == ["2499"]
     assert coord.keeper.held() == {}, "nothing of the batch is renewed any more"
+
+
+def test_waiting_claims_are_what_status_counts_until_dispatch_takes_them(client: redis.Redis) -> None:
+    coord = RedisCoordination(client, SETTINGS)
+    coord.wait_for_ordinal({f"b:t{i}:1": json.dumps({"board": "b", "task_id": f"t{i}"}) for i in range(3)})
+    assert liveness.read(client, SETTINGS, 0.0).waiting_claims == 3
+    assert [json.loads(c)["task_id"] for c in coord.take_waiting(2)] == ["t0", "t1"]  # oldest first
+    assert liveness.read(client, SETTINGS, 0.0).waiting_claims == 1

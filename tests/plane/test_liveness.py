@@ -9,7 +9,7 @@ import redis
 
 from core.settings import Settings
 from tasks import collectors, liveness, registry, scan
-from tasks.coordination import LocalCoordination, queue_lists
+from tasks.coordination import LocalCoordination, queue_lists, waiting_key
 from tasks.plane import Plane
 from tasks.redis_coordination import RedisCoordination
 from tests.factories import NOW
@@ -99,10 +99,18 @@ def test_queue_depth_counts_every_priority_list_of_this_namespace_only() -> None
     assert liveness.read(client, SETTINGS, NOW).queue_depth == 3
 
 
+def test_claims_waiting_for_an_ordinal_are_counted_and_exported() -> None:
+    client = fakeredis.FakeRedis()
+    assert liveness.read(client, SETTINGS, NOW).waiting_claims == 0
+    client.zadd(waiting_key("live"), {"b:t1:1": NOW, "b:t2:1": NOW + 1})  # as wait_for_ordinal keeps them
+    assert liveness.read(client, SETTINGS, NOW).waiting_claims == 2
+    assert metric(client, NOW, "poolkeeper_claims_waiting") == 2
+
+
 def test_an_unreachable_redis_is_unknown_with_the_reason_never_an_error() -> None:
     away = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
     health = liveness.read(away, SETTINGS, NOW)
-    assert (health.queue_depth, health.beat_alive) == (None, None)
+    assert (health.queue_depth, health.beat_alive, health.waiting_claims) == (None, None, None)
     assert health.error and "redis at" in health.error
     assert all(p.late is None and p.last is None for p in health.scans)
     names = [m.name for m in collectors.PlaneCollector(SETTINGS, away).collect()]
