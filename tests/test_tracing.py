@@ -102,6 +102,10 @@ def test_a_run_is_one_trace_from_its_claim(plane: Plane, kanban: Board, spans: I
         assert parent_of(by_name[name]) == 0xAA
         assert by_name[name].context.trace_id == claim_span.context.trace_id
     assert beat.headers["traceparent"] == tp(by_name["POST /v1/heartbeat"])  # the answer names its span
+    batch = by_name["heartbeat batch"]  # the group commit that applied it, a child of its request
+    assert parent_of(batch) == by_name["POST /v1/heartbeat"].context.span_id
+    assert batch.context.trace_id == claim_span.context.trace_id
+    assert batch.attributes == {"pool.heartbeats": 1}
     assert parent_of(by_name["finalize"]) == claim_span.context.span_id
     assert by_name["finalize"].context.trace_id == claim_span.context.trace_id
 

@@ -32,12 +32,15 @@ from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Generic, TypeVar
 
+from core import tracing
 from core.errors import TransientError
 
 T = TypeVar("T")
 R = TypeVar("R")
 log = logging.getLogger("poolkeeper.serve")
-Queue = queue.SimpleQueue[tuple[T, Future[R]]]  # an item and its answer's future
+# An item, its answer's future, and the traceparent of the request that sent it (None: untraced)
+Entry = tuple[T, Future[R], str | None]
+Queue = queue.SimpleQueue[Entry[T, R]]
 
 
 class GroupCommit(Generic[T, R]):
@@ -69,7 +72,7 @@ class GroupCommit(Generic[T, R]):
         if not self._started:
             self._start()  # on first use: a server process's threads, never ones a fork copied
         done: Future[R] = Future()
-        self._queues[self.shard(item) % len(self._queues)].put((item, done))
+        self._queues[self.shard(item) % len(self._queues)].put((item, done, tracing.current()))
         return done
 
     def _start(self) -> None:
@@ -88,21 +91,23 @@ class GroupCommit(Generic[T, R]):
                     break
             self._commit(batch)
 
-    def _commit(self, batch: list[tuple[T, Future[R]]]) -> None:
+    def _commit(self, batch: list[Entry[T, R]]) -> None:
         """Answer each of the batch's live requests; whatever happens, the writer goes on.
 
         A request whose caller went away (its future cancelled) is not applied. An error
         that escapes ``apply`` (never an item's own: those are answers) answers every item
         of the batch, so no request waits for ever on a writer that died."""
-        live = [(item, done) for item, done in batch if done.set_running_or_notify_cancel()]
+        live = [entry for entry in batch if entry[1].set_running_or_notify_cancel()]
         if not live:
             return
-        try:
-            answers = self._answers([item for item, _ in live])
+        first, *others = [traced for _, _, traced in live]  # the batch is a span of the first's trace,
+        try:  # linked to every other request's (tracing off: a no-op)
+            with tracing.span("heartbeat batch", first, {"pool.heartbeats": len(live)}, links=others):
+                answers = self._answers([item for item, _, _ in live])
         except BaseException as err:  # the writer must outlive anything apply raises
             log.exception("group commit: a batch of %d failed as a whole", len(live))
             answers = [TransientError(f"the heartbeat was not applied: {type(err).__name__}")] * len(live)
-        for (_, done), answer in zip(live, answers, strict=True):
+        for (_, done, _), answer in zip(live, answers, strict=True):
             if isinstance(answer, Exception):
                 done.set_exception(answer)
             else:
