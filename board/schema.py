@@ -85,3 +85,7 @@ claim_requests = Table(
     Column("created_at", Float, nullable=False),
     Index("ix_claim_requests_created_at", "created_at"),
 )
+
+# What board migration 0003 makes in each dialect's own DDL, outside ``metadata``: SQLite's FTS5 table
+# (and the shadow tables FTS5 names after it), PostgreSQL's trigram indexes (``KanbanBoard.search_tasks``).
+SEARCH_INDEX = ("tasks_search", "ix_tasks_title_trgm", "ix_tasks_body_trgm")
