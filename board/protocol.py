@@ -169,15 +169,16 @@ class Searching(Protocol):
         index: bounded in time however many tasks the board holds. ``text`` is ``search_text``'s."""
 
 
-def search_text(text: str) -> str:
+def search_text(text: str, *, shortest: int = SEARCH_MIN_CHARS) -> str:
     """``text`` stripped, if a task search can take it; else ``InvalidInput`` naming ``q``, one line.
 
-    Any text a person can type is searched for as it is: nothing in it is query syntax.
+    Any text a person can type is searched for as it is: nothing in it is query syntax. The console
+    searches rows by shorter text (a row id), so it asks for ``shortest=1``.
     """
     found = validate.text("q", text).strip()
     if not found:
         raise InvalidInput("q", "empty: give a piece of a task's title or body to look for")
-    if len(found) < SEARCH_MIN_CHARS:
+    if len(found) < shortest:
         raise InvalidInput("q", f"too short: tasks are searched by {SEARCH_MIN_CHARS} characters or more")
     if len(found) > SEARCH_MAX_CHARS:
         raise InvalidInput("q", f"too long: at most {SEARCH_MAX_CHARS} characters")

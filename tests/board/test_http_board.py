@@ -40,6 +40,7 @@ from poolkeeper.api.app import create_app
 from poolkeeper.boardserver import app as board_api
 from poolkeeper.embedded import ROOT, wait_for
 from poolkeeper.testing.board_contract import BoardContract
+from tests.factories import WithoutSearch
 from tests.helpers import BOARD_TOKEN as TOKEN
 from tests.helpers import AppServer, BoardServer
 
@@ -326,18 +327,6 @@ def test_a_poisoned_task_over_http_fails_with_the_boards_own_class_and_detail(
         assert describe(over_http.value) == "PoisonedTask: board: task poison-0 is poisoned (chaos)"
     finally:
         client.close()
-
-
-class WithoutSearch:
-    """A board backend that offers no search (``board.protocol.Searching`` is optional)."""
-
-    def __init__(self, inner: Board) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "search_tasks":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
 
 def test_a_server_whose_board_cannot_search_says_so_in_one_line(
