@@ -86,6 +86,7 @@ claim_requests = Table(
     Index("ix_claim_requests_created_at", "created_at"),
 )
 
-# What board migration 0003 makes in each dialect's own DDL, outside ``metadata``: SQLite's FTS5 table
-# (and the shadow tables FTS5 names after it), PostgreSQL's trigram indexes (``KanbanBoard.search_tasks``).
-SEARCH_INDEX = ("tasks_search", "ix_tasks_title_trgm", "ix_tasks_body_trgm")
+# What board migration 0003 makes in each dialect's own DDL, outside ``metadata``, for
+# ``KanbanBoard.search_tasks``: SQLite's FTS5 table (and the shadow tables FTS5 names after it),
+# PostgreSQL's trigram and created_at indexes.
+SEARCH_INDEX = ("tasks_search", "ix_tasks_title_trgm", "ix_tasks_body_trgm", "ix_tasks_created_at")
