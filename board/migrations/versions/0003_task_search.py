@@ -6,7 +6,7 @@ Kanban, another process, a hand-written INSERT) feeds it. PostgreSQL: ``pg_trgm`
 indexes on ``title`` and ``body``, which serve ``ILIKE '%text%'``, and one on
 ``created_at`` for "newest first". Both answer "holds
 this text, any case", the substring search the console already does with LIKE
-(docs/operate.md, "Searching tasks"). Other databases get no index (the Kanban then says
+(docs/operate.md, `board search`). Other databases get no index (the Kanban then says
 it cannot search).
 
 Revision ID: 0003
