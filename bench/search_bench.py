@@ -1,15 +1,15 @@
 """Searching 100,000 board tasks through the index, against a plain indexed id lookup in the same run.
 
-Loads ``--tasks`` tasks (one multi-row INSERT per batch, through the Kanban's own table and
-migration, so SQLite's triggers feed the FTS5 index as any writer's would) on SQLite and on
-PostgreSQL, then times ``KanbanBoard.search_tasks`` for three kinds of text, each asked
+Loads ``--tasks`` tasks into the built-in Kanban (``board.add_tasks``, 5,000 a transaction:
+one multi-row INSERT each, so SQLite's triggers feed the FTS5 index as any writer's would) on
+SQLite and on PostgreSQL, then times ``search_tasks`` for three kinds of text, each asked
 ``--repeat`` times:
 
 - ``rare``: a word one task holds;
 - ``some``: a word about one task in a hundred holds;
 - ``common``: a word nearly every task holds (the search stops at its first 50, newest first).
 
-The baseline is ``KanbanBoard.get_task`` (the primary key) on the same board, the same
+The baseline is ``get_task`` (the primary key) on the same board, the same
 number of times: the same transaction, connection and decoding, with a lookup in place of
 the search. Prints p50 and p95 in milliseconds, and each kind's p50 as a ratio to the
 baseline's. Targets (issue 29): p50 under 200 ms, ratio at most 20x.
@@ -38,11 +38,12 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: the project root on the path, as `python -m` would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sqlalchemy import insert, text
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
-from board.kanban import KanbanBoard
-from board.schema import boards, tasks
+from board import Board, TaskSpec, add_tasks, open_board, search_tasks
 from core import db
+from core.settings import Settings
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 BATCH = 5_000
@@ -52,23 +53,17 @@ WORDS = [
 KINDS = ("rare", "some", "common")
 
 
-def corpus(n: int, seed: int = 29) -> Iterator[list[dict[str, object]]]:
-    """``n`` tasks in batches: titles and bodies of made-up words; task 0 alone holds ``needle``,
-    one in a hundred ``quarantine``, nearly all ``deploy``."""
+def corpus(n: int, seed: int = 29) -> Iterator[list[TaskSpec]]:
+    """``n`` tasks in batches: titles and bodies of made-up words; the middle one alone holds
+    ``needle``, one in a hundred ``quarantine``, 49 in 50 ``deploy``."""
     rng = random.Random(seed)
-    batch: list[dict[str, object]] = []
+    batch: list[TaskSpec] = []
     for i in range(n):
         words = rng.choices(WORDS, k=12)
         marks = ["needle" * (i == n // 2), "quarantine" * (i % 100 == 7), "deploy" * (i % 50 != 3)]
         title = " ".join([*words[:4], marks[2]]).strip()
         body = " ".join([*words[4:], *marks[:2]]).strip() + f" step {i}"
-        at = 1_800_000_000.0 + i
-        batch.append(
-            {
-                **{"board": "bench", "id": f"t{i:06d}", "title": title, "body": body},
-                **{"status": "ready", "lane": "pool", "created_at": at, "updated_at": at},
-            }
-        )
+        batch.append(TaskSpec(title, body, task_id=f"t{i:06d}"))
         if len(batch) == BATCH:
             yield batch
             batch = []
@@ -76,17 +71,16 @@ def corpus(n: int, seed: int = 29) -> Iterator[list[dict[str, object]]]:
         yield batch
 
 
-def load(board: KanbanBoard, n: int) -> float:
+def load(board: Board, n: int, url: str) -> float:
     """``n`` tasks into a migrated board; the seconds it took."""
     start = time.perf_counter()
-    with board.engine.begin() as conn:
-        conn.execute(insert(boards).values(name="bench", created_at=0.0))
     for batch in corpus(n):
-        with board.engine.begin() as conn:
-            conn.execute(insert(tasks), batch)
-    if board.engine.dialect.name == "postgresql":
-        with board.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("VACUUM ANALYZE tasks"))  # as autovacuum would after such a load
+        add_tasks(board, "bench", batch)
+    if url.startswith("postgresql"):  # as autovacuum would after such a load
+        engine = db.make_engine(url, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(text("VACUUM ANALYZE tasks"))
+        engine.dispose()
     return time.perf_counter() - start
 
 
@@ -101,9 +95,9 @@ def timed(call: Callable[[], object], repeat: int) -> list[float]:
     return spent
 
 
-def measure(board: KanbanBoard, n: int, repeat: int) -> dict[str, list[float]]:
+def measure(board: Board, n: int, repeat: int) -> dict[str, list[float]]:
     texts = {"rare": "needle", "some": "quarantine", "common": "deploy"}
-    found = {kind: len(board.search_tasks(t)) for kind, t in texts.items()}
+    found = {kind: len(search_tasks(board, t)) for kind, t in texts.items()}
     assert found == {"rare": 1, "some": min(50, (n + 92) // 100), "common": min(50, n - (n + 46) // 50)}, (
         found
     )
@@ -111,30 +105,31 @@ def measure(board: KanbanBoard, n: int, repeat: int) -> dict[str, list[float]]:
     lookups = iter(ids * 2)
     figures = {"id lookup": timed(lambda: board.get_task("bench", next(lookups)), repeat)}
     for kind, t in texts.items():
-        figures[kind] = timed(partial(board.search_tasks, t), repeat)
+        figures[kind] = timed(partial(search_tasks, board, t), repeat)
     return figures
 
 
 @contextmanager
-def sqlite_board(tmp: str) -> Iterator[KanbanBoard]:
-    board = KanbanBoard(f"sqlite:///{tmp}/board.db")
+def sqlite_board(tmp: str) -> Iterator[tuple[Board, str]]:
+    url = f"sqlite:///{tmp}/board.db"
+    board = open_board(Settings(board_url=url))
     board.migrate()
-    yield board
+    yield board, url
     board.close()
 
 
 @contextmanager
-def postgres_board(url: str) -> Iterator[KanbanBoard]:
+def postgres_board(url: str) -> Iterator[tuple[Board, str]]:
     """A board in a schema of its own in ``url``'s database, dropped (with all it holds) afterwards."""
     schema = f"search_bench_{uuid.uuid4().hex[:8]}"
     admin = db.make_engine(url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f"CREATE SCHEMA {schema}"))
-    engine = db.make_engine(url, connect_args={"options": f"-csearch_path={schema},public"})
-    board = KanbanBoard(url, engine=engine)
+    own = make_url(url).update_query_dict({"options": f"-csearch_path={schema},public"})
+    board = open_board(Settings(board_url=own.render_as_string(hide_password=False)))
     try:
         board.migrate()
-        yield board
+        yield board, own.render_as_string(hide_password=False)
     finally:
         board.close()
         with admin.connect() as conn:
@@ -161,15 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        backends: list[tuple[str, Callable[[], AbstractContextManager[KanbanBoard]]]] = [
+        backends: list[tuple[str, Callable[[], AbstractContextManager[tuple[Board, str]]]]] = [
             ("sqlite", lambda: sqlite_board(tmp))
         ]
         if not args.no_postgres:
             backends.append(("postgresql", lambda: postgres_board(args.postgres)))
         worst = 0.0
         for name, opened in backends:
-            with opened() as board:
-                loaded = load(board, args.tasks)
+            with opened() as (board, url):
+                loaded = load(board, args.tasks, url)
                 figures = measure(board, args.tasks, args.repeat)
             print("\n".join(report(name, loaded, args.tasks, figures)), flush=True)
             base = statistics.median(figures["id lookup"])
