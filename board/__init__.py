@@ -19,7 +19,7 @@ from importlib.metadata import EntryPoint, entry_points
 
 from board.faults import FlakyBoard
 from board.kanban import KanbanBoard
-from board.protocol import Board, BoardTask, Claim, TaskSpec, TaskStatus, add_tasks
+from board.protocol import Board, BoardTask, Claim, Searching, TaskSpec, TaskStatus, add_tasks, search_tasks
 from core.errors import UnusableURL
 from core.settings import Settings, check_database_url
 
@@ -30,11 +30,13 @@ __all__ = [
     "BoardTask",
     "Claim",
     "FlakyBoard",
+    "Searching",
     "TaskSpec",
     "TaskStatus",
     "add_tasks",
     "open_board",
     "open_kanban",
+    "search_tasks",
     "with_faults",
 ]
 

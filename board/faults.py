@@ -14,7 +14,16 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from board.protocol import Board, BoardTask, Claim, TaskSpec, TaskStatus, add_tasks
+from board.protocol import (
+    SEARCH_LIMIT,
+    Board,
+    BoardTask,
+    Claim,
+    TaskSpec,
+    TaskStatus,
+    add_tasks,
+    search_tasks,
+)
 from core.errors import TransientError
 from core.settings import default
 
@@ -131,3 +140,7 @@ class FlakyBoard:
 
     def list_runs(self, board: str, task_ids: list[str]) -> list[dict[str, Any]]:
         return self.inner.list_runs(board, task_ids)
+
+    def search_tasks(self, text: str, *, limit: int = SEARCH_LIMIT) -> list[BoardTask]:
+        """The inner board's search, or its ``Unsupported`` when it has none."""
+        return search_tasks(self.inner, text, limit)

@@ -39,7 +39,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from board.protocol import Board, BoardTask, Claim, TaskStatus
+from board.protocol import SEARCH_LIMIT, Board, BoardTask, Claim, TaskStatus
 from core import shapes, tracing, validate
 from core.errors import (
     CapabilityError,
@@ -50,6 +50,7 @@ from core.errors import (
     TransientError,
     Unauthenticated,
     Unavailable,
+    Unsupported,
     UnusableURL,
 )
 from core.fields import Document, Text
@@ -334,6 +335,10 @@ class HttpBoard:
             "POST", f"{_board(board)}/runs", Runs, body=RunsRequest.model_construct(task_ids=task_ids)
         ).runs
 
+    def search_tasks(self, text: str, *, limit: int = SEARCH_LIMIT) -> list[BoardTask]:
+        """The server's board's search; its ``Unsupported`` (501) when that board has none."""
+        return self._call("GET", "/v1/search", Tasks, params={"q": text, "limit": str(limit)}).tasks
+
     # --- transport -----------------------------------------------------------------------------
 
     def _http(self) -> httpx.Client:
@@ -406,6 +411,8 @@ class HttpBoard:
             return Unauthenticated(said)
         if status == Forbidden.http_status:
             return Forbidden(said)
+        if status == Unsupported.http_status and error == "Unsupported":
+            return Unsupported(detail)
         if status == NotFound.http_status and error == "NotFound" and detail != UNROUTED:
             return NotFound(detail)  # the board API's own: no such board or task
         if status in (NotFound.http_status, 405):  # no route there: POOL_BOARD_URL is not a board server

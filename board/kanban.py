@@ -24,13 +24,28 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, exc, func, insert, select, tuple_, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Select,
+    column,
+    delete,
+    exc,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    table,
+    tuple_,
+    update,
+)
 from sqlalchemy.engine import Row
 
-from board.protocol import BoardTask, Claim, TaskSpec, TaskStatus
+from board.protocol import SEARCH_LIMIT, BoardTask, Claim, TaskSpec, TaskStatus, search_text
 from board.schema import boards, claim_requests, metadata, runs, tasks
 from core import db, logs, shapes, validate
-from core.errors import InvalidInput, NotFound, TransientError
+from core.errors import InvalidInput, NotFound, TransientError, Unsupported
 from core.settings import default
 
 T = tasks.c
@@ -417,6 +432,20 @@ class KanbanBoard:
         with self._tx(readonly=True) as conn:
             return [dict(row._mapping) for row in conn.execute(stmt)]
 
+    def search_tasks(self, text: str, *, limit: int = SEARCH_LIMIT) -> list[BoardTask]:
+        """At most ``limit`` tasks whose title or body holds ``text`` (any case), newest first.
+
+        Through board migration 0004's index: on SQLite its FTS5 trigram table, asked for ``text``
+        as one quoted phrase (every character literal, a ``"`` doubled, so no text is query syntax);
+        on PostgreSQL ``ILIKE`` with every wildcard escaped, which the ``pg_trgm`` indexes serve.
+        Either answers "holds the text as a substring, any case" and stops at ``limit``.
+        """
+        text = search_text(text)
+        validate.integer("limit", limit, 1, SEARCH_LIMIT)
+        with self._tx(readonly=True) as conn:
+            stmt = _search(conn.dialect.name, text).limit(limit)
+            return [self._task(r) for r in conn.execute(stmt)]
+
     def has_board(self, board: str) -> bool:
         with self._tx(readonly=True) as conn:
             return conn.scalar(select(boards.c.name).where(boards.c.name == board)) is not None
@@ -465,6 +494,7 @@ class KanbanBoard:
 
 
 REPORTED_MAX = 4096
+INDEX = table("tasks_search", column("rowid"))  # SQLite's FTS5 table of board migration 0004
 
 
 def _checked(board: str, spec: TaskSpec) -> str:
@@ -478,6 +508,23 @@ def _checked(board: str, spec: TaskSpec) -> str:
         board=board, task_id=task_id, run_id=shapes.RUN_ID.high, title=spec.title, body=spec.body
     )
     return task_id
+
+
+def _search(dialect: str, text: str) -> Select[Any]:
+    """The tasks holding ``text`` through the dialect's index, newest first (no limit yet)."""
+    if dialect == "sqlite":
+        phrase = '"' + text.replace('"', '""') + '"'
+        return (
+            select(tasks)
+            .join(INDEX, literal_column("tasks.rowid") == INDEX.c.rowid)
+            .where(literal_column("tasks_search").op("MATCH")(phrase))
+            .order_by(INDEX.c.rowid.desc())
+        )
+    if dialect == "postgresql":
+        pattern = "%" + text.replace("/", "//").replace("%", "/%").replace("_", "/_") + "%"
+        held = or_(T.title.ilike(pattern, escape="/"), T.body.ilike(pattern, escape="/"))
+        return select(tasks).where(held).order_by(T.created_at.desc())
+    raise Unsupported(f"the Kanban on {dialect} has no task index to search")
 
 
 def _short(err: BaseException) -> str:

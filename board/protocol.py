@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from core import validate
+from core.errors import InvalidInput, Unsupported
 from core.settings import default
 
 
@@ -60,6 +62,12 @@ class Claim:
     board: str
     task_id: str
     run_id: int
+
+
+# What a task search takes: the index is of 3-character pieces (trigrams), so fewer match nothing.
+SEARCH_MIN_CHARS = 3
+SEARCH_MAX_CHARS = 200
+SEARCH_LIMIT = 50  # tasks one search answers at most, unless asked for fewer
 
 
 class Board(Protocol):
@@ -155,3 +163,39 @@ def add_tasks(board: Board, name: str, specs: Sequence[TaskSpec]) -> list[str]:
         added: list[str] = bulk(name, specs)
         return added
     return [board.add_task(name, s.title, s.body, lane=s.lane, task_id=s.task_id) for s in specs]
+
+
+class Searching(Protocol):
+    """The optional capability to search tasks (the Kanban has it; a backend need not)."""
+
+    def search_tasks(self, text: str, *, limit: int = SEARCH_LIMIT) -> list[BoardTask]:
+        """At most ``limit`` tasks whose title or body holds ``text`` (any case), newest first, through an
+        index: bounded in time however many tasks the board holds. ``text`` is ``search_text``'s."""
+
+
+def search_text(text: str, *, shortest: int = SEARCH_MIN_CHARS) -> str:
+    """``text`` stripped, if a task search can take it; else ``InvalidInput`` naming ``q``, one line.
+
+    Any text a person can type is searched for as it is: nothing in it is query syntax. The console
+    searches rows by shorter text (a row id), so it asks for ``shortest=1``.
+    """
+    found = validate.text("q", text).strip()
+    if not found:
+        raise InvalidInput("q", "empty: give a piece of a task's title or body to look for")
+    if len(found) < shortest:
+        raise InvalidInput("q", f"too short: tasks are searched by {SEARCH_MIN_CHARS} characters or more")
+    if len(found) > SEARCH_MAX_CHARS:
+        raise InvalidInput("q", f"too long: at most {SEARCH_MAX_CHARS} characters")
+    return found
+
+
+def search_tasks(board: Board, text: str, limit: int = SEARCH_LIMIT) -> list[BoardTask]:
+    """``board``'s tasks holding ``text`` (``Searching.search_tasks``); ``Unsupported`` in one line when
+    the backend has no search, ``InvalidInput`` for text ``search_text`` refuses."""
+    text = search_text(text)
+    validate.integer("limit", limit, 1, SEARCH_LIMIT)
+    search = getattr(board, "search_tasks", None)
+    if search is None:
+        raise Unsupported(f"this board ({type(board).__name__}) cannot search its tasks")
+    found: list[BoardTask] = search(text, limit=limit)
+    return found

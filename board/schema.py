@@ -88,3 +88,8 @@ claim_requests = Table(
     Column("created_at", Float, nullable=False),
     Index("ix_claim_requests_created_at", "created_at"),
 )
+
+# What board migration 0004 makes in each dialect's own DDL, outside ``metadata``, for
+# ``KanbanBoard.search_tasks``: SQLite's FTS5 table (and the shadow tables FTS5 names after it),
+# PostgreSQL's trigram and created_at indexes.
+SEARCH_INDEX = ("tasks_search", "ix_tasks_title_trgm", "ix_tasks_body_trgm", "ix_tasks_created_at")

@@ -129,6 +129,13 @@ class NotFound(PoolError, LookupError):
     http_status = 404
 
 
+class Unsupported(PoolError):
+    """The backend lacks the capability asked for (a board that cannot search): asking again will not help."""
+
+    exit_code = 2
+    http_status = 501
+
+
 class Denied(PoolError):
     """A server refused the caller itself (401 not authenticated, 403 not allowed): a wrong or foreign
     token, which retrying will not change."""

@@ -184,15 +184,24 @@ def count_upto(s: Session, stmt: Select[*tuple[Any, ...]], upto: int) -> int:
 
 
 def search_rows(
-    s: Session, text: str, *, offset: int, limit: int, where: RowFilter | None = None
+    s: Session,
+    text: str,
+    *,
+    offset: int,
+    limit: int,
+    where: RowFilter | None = None,
+    tasks: Sequence[tuple[str, str]] = (),
 ) -> tuple[list[Assignment], int]:
     """Rows (of those ``where`` takes) whose id or run id is ``text``, or whose task id, owner, board or
-    last error holds it.
+    last error holds it, or that run one of ``tasks`` (board, task id).
 
     A page of them, newest first, and how many there are (counted up to ``SEARCH_COUNT_UPTO``).
     LIKE on text reads the rows table, which GC keeps to the live rows and the retention period's.
+    ``tasks`` are what the board's index found for the text: a row's payload is its task's title and
+    body (``validate.run_payload``), so this is how rows are found by their payload (one probe of
+    ``uq_assignments_identity`` per task).
     """
-    stmt = (where or RowFilter()).where(select(A).where(_mentions(text)))
+    stmt = (where or RowFilter()).where(select(A).where(_mentions(text, tasks)))
     found = list(s.scalars(stmt.order_by(A.id.desc()).offset(offset).limit(limit)))
     return found, count_upto(s, stmt, SEARCH_COUNT_UPTO)
 
@@ -200,9 +209,10 @@ def search_rows(
 SEARCH_COUNT_UPTO = 10_000
 
 
-def _mentions(text: str) -> Any:
+def _mentions(text: str, tasks: Sequence[tuple[str, str]]) -> Any:
     columns = (A.task_id, A.owner, A.board, A.last_error)
     terms = [column.icontains(text, autoescape=True) for column in columns]
+    terms += [tuple_(A.board, A.task_id).in_(list(tasks))] if tasks else []
     if text.isascii() and text.isdigit() and len(text) <= 18:
         terms += [A.run_id == int(text)]
         terms += [A.id == int(text)] if int(text) <= validate.MAX_ROW_ID else []

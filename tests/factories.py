@@ -144,3 +144,15 @@ def one_worker_for_three_ordinals(store: PoolStore) -> None:
     for ordinal in range(3):
         store.add_run(board="b", task_id=f"t{ordinal}", run_id=1, ordinal=ordinal, payload={}, now=NOW)
     assert store.offer(0, owner=OWNER, now=NOW) is not None
+
+
+class WithoutSearch:
+    """A board backend that offers no search (``board.protocol.Searching`` is optional)."""
+
+    def __init__(self, inner: Board) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "search_tasks":
+            raise AttributeError(name)
+        return getattr(self.inner, name)

@@ -52,6 +52,7 @@ from board.http import (
     TaskId,
     Tasks,
 )
+from board.protocol import SEARCH_LIMIT, SEARCH_MAX_CHARS, SEARCH_MIN_CHARS, search_tasks
 from core import shapes, tracing, validate
 from core.errors import PoolError, SettingsError, TransientError
 from core.fields import Text
@@ -190,6 +191,22 @@ def list_tasks(
     limit: Annotated[int, Query(ge=1, le=validate.INT32_MAX)] = 10_000,
 ) -> Tasks:
     return Tasks(tasks=board.list_tasks(name, status, limit))
+
+
+@router.get("/search", response_model=Tasks, responses=refusals(501))
+def search(
+    board: Kanban,
+    q: Annotated[
+        Text,
+        Query(
+            description=f"A piece of a title or body, {SEARCH_MIN_CHARS} to {SEARCH_MAX_CHARS} characters."
+        ),
+    ],
+    limit: Annotated[int, Query(ge=1, le=SEARCH_LIMIT)] = SEARCH_LIMIT,
+) -> Tasks:
+    """Tasks whose title or body holds ``q`` (any case), newest first; 501 ``Unsupported`` when this
+    server's board cannot search."""
+    return Tasks(tasks=search_tasks(board, q, limit))
 
 
 @router.get("/counts", response_model=Counts)

@@ -1,4 +1,4 @@
-"""`poolctl board`: add, list, cancel and unblock tasks on the board."""
+"""`poolctl board`: add, list, search, cancel and unblock tasks on the board."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from board import TaskSpec
+    from board import BoardTask, TaskSpec
 
 from core import validate
 from core.errors import InvalidInput, NotFound
@@ -129,21 +129,38 @@ def board_list(
             valid = ", ".join(s.value for s in TaskStatus)
             raise InvalidInput("--status", f"unknown status {status_!r}; one of {valid}") from None
     found = kanban.list_tasks(board, want)
-    data = [
-        {
-            "board": t.board,
-            "id": t.id,
-            "title": t.title,
-            "status": t.status.value,
-            "lane": t.lane,
-            "assignee": t.assignee,
-            "run_id": t.current_run_id,
-            "block_reason": t.block_reason,
-            "result": t.result,
-        }
-        for t in found
-    ]
-    _emit(data, render.tasks(found, out.width), as_json)
+    _emit([_listed(t) for t in found], render.tasks(found, out.width), as_json)
+
+
+@board_app.command("search")
+def board_search(
+    text: Annotated[str, typer.Argument(help="A piece of a task's title or body (3 to 200 characters).")],
+    limit: Annotated[
+        int | None, typer.Option(help="Tasks to list at most (1 to 50, all 50 unless given).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tasks whose title or body holds TEXT (any case, every character as typed), newest first."""
+    from board import search_tasks
+    from board.protocol import SEARCH_LIMIT
+
+    found = search_tasks(_kanban(), text, SEARCH_LIMIT if limit is None else limit)
+    _emit([_listed(t) for t in found], render.tasks(found, out.width), as_json)
+
+
+def _listed(t: BoardTask) -> dict[str, object]:
+    """A task as `board list --json` and `board search --json` print it."""
+    return {
+        "board": t.board,
+        "id": t.id,
+        "title": t.title,
+        "status": t.status.value,
+        "lane": t.lane,
+        "assignee": t.assignee,
+        "run_id": t.current_run_id,
+        "block_reason": t.block_reason,
+        "result": t.result,
+    }
 
 
 @board_app.command("show")

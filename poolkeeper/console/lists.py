@@ -24,6 +24,8 @@ from urllib.parse import urlencode
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
+from board import BoardTask, search_tasks
+from board.protocol import SEARCH_LIMIT, SEARCH_MIN_CHARS, search_text
 from core import validate
 from core.errors import InvalidInput, PoolError
 from poolkeeper import operator
@@ -133,22 +135,33 @@ def rows(
 
 
 def search(pages: Pages, text: str, page: int, events_page: int, size: int, now: float) -> dict[str, Any]:
-    """Rows (by id, run, task id, owner, board, last error) and audit events (by detail) holding ``text``.
+    """Board tasks (by title or body, through the board's index), rows (by id, run, task id, owner,
+    board, last error, or a task found: its payload) and audit events (by detail) holding ``text``.
 
-    Each list has its own page (``page``, ``events_page``) of ``size``.
+    Rows and events each have their own page (``page``, ``events_page``) of ``size``; tasks are the
+    newest ``SEARCH_LIMIT``. A board that cannot search, is away, or text too short for its index
+    leaves the tasks out with one sentence saying why (``tasks_note``); rows and events still answer.
     """
-    text = text.strip()
-    if not text:
+    if not text.strip():
         empty = Paging(1, size, 0, 0, False)
-        return {"q": "", "rows": [], "events": [], "rows_paging": empty, "events_paging": empty, "now": now}
+        return {
+            **{"q": "", "rows": [], "events": [], "rows_paging": empty, "events_paging": empty},
+            **{"min_chars": SEARCH_MIN_CHARS, "now": now},
+        }
+    text = search_text(text, shortest=1)  # a row id may be one digit; tasks take SEARCH_MIN_CHARS
+    tasks, note = _tasks(pages, text)
     offset, events_offset = (page - 1) * size, (events_page - 1) * size
     with pages.store.session(readonly=True) as s:
-        found, total = queries.search_rows(s, text, offset=offset, limit=size)
+        runs = [(t.board, t.id) for t in tasks]
+        found, total = queries.search_rows(s, text, offset=offset, limit=size, tasks=runs)
         listed = [row_view(r) for r in found]
         events = audit.search(s, text, window=AUDIT_WINDOW, offset=events_offset, limit=size + 1)
     rows_query, events_query = {"q": text, "events_page": str(events_page)}, {"q": text, "page": str(page)}
     return {
         "q": text,
+        "tasks": tasks,
+        "tasks_note": note,
+        "tasks_limit": SEARCH_LIMIT,
         "rows": listed,
         "events": events[:size],
         "rows_paging": Paging(page, size, len(listed), total, offset + len(listed) < total, rows_query),
@@ -158,6 +171,16 @@ def search(pages: Pages, text: str, page: int, events_page: int, size: int, now:
         "audit_window": AUDIT_WINDOW,
         "now": now,
     }
+
+
+def _tasks(pages: Pages, text: str) -> tuple[list[BoardTask], str]:
+    """The board's tasks holding ``text``, or none and the one sentence saying why none were looked for."""
+    try:
+        return search_tasks(pages.kanban, text), ""
+    except InvalidInput as err:
+        return [], f"Tasks are not searched: {err.problem}."
+    except PoolError as err:  # the board cannot search, or cannot be read right now
+        return [], f"Tasks are not searched: {err.line()}."
 
 
 # --- bulk actions ------------------------------------------------------------------------

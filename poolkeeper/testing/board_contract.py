@@ -37,8 +37,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from board.protocol import Board, TaskStatus
-from core.errors import CapabilityError, ConfigError, InvalidInput, NotFound, TransientError
+from board.protocol import SEARCH_MAX_CHARS, Board, TaskStatus, search_tasks
+from core.errors import CapabilityError, ConfigError, InvalidInput, NotFound, TransientError, Unsupported
 
 T = TypeVar("T")
 Busy = Callable[[], AbstractContextManager[object]]
@@ -94,6 +94,15 @@ def sqlite_write_lock(path: str | os.PathLike[str]) -> Busy:
             holder.close()
 
     return held
+
+
+def found(board: Board, text: str, limit: int = 50) -> list[tuple[str, str]]:
+    """(board, task_id) of what a search finds; the test is skipped for a backend that cannot search
+    (search is optional: ``board.protocol.Searching``), which must say so as ``Unsupported``."""
+    try:
+        return [(t.board, t.id) for t in search_tasks(board, text, limit)]
+    except Unsupported:
+        pytest.skip(f"{type(board).__name__} offers no task search")
 
 
 def snapshot(board: Board) -> tuple[Any, ...]:
@@ -469,3 +478,43 @@ class BoardContract:
             ("t1", r3, "pool", "running"),
         ]
         assert board.list_runs("b", []) == []
+
+    # --- search (optional: checked when the backend offers it) -------------------------------
+
+    def test_search_finds_a_piece_of_a_title_or_body_in_any_case_newest_first(self, board: Board) -> None:
+        board.add_task("b", "Rotate the TLS certificates", "on every proxy", task_id="t1")
+        board.add_task("b", "Renew certs", "ask the vault for new Certificates", task_id="t2")
+        board.add_task("c", "Unrelated", "nothing here", task_id="t3")
+        assert found(board, "certificate") == [("b", "t2"), ("b", "t1")]
+        assert found(board, "  PROXY ") == [("b", "t1")]
+        assert found(board, "ificat", limit=1) == [("b", "t2")]
+        assert found(board, "nothing here") == [("c", "t3")]
+        assert found(board, "no such words") == []
+
+    def test_search_takes_every_character_literally(self, board: Board) -> None:
+        board.add_task("b", "50% off", task_id="t1")
+        board.add_task("b", "500 off", task_id="t2")
+        board.add_task("b", "a_b", 'say "hi" AND NEAR(x, y) OR *', task_id="t3")
+        board.add_task("b", "axb", "say hi", task_id="t4")
+        assert found(board, "50%") == [("b", "t1")]
+        assert found(board, "a_b") == [("b", "t3")]
+        for hostile in ('"hi" AND', "NEAR(x", "OR *", '"', "AND", "'; --", "\\%_"):
+            assert set(found(board, hostile + "...")) <= {("b", "t3")}  # never a syntax error
+        assert found(board, '"hi" AND NEAR(x, y)') == [("b", "t3")]
+
+    def test_search_follows_every_write(self, board: Board, second_handle: Board) -> None:
+        board.add_task("b", "deploy the canary", task_id="t1")
+        assert found(second_handle, "canary") == [("b", "t1")]
+        board.delete_task("b", "t1")
+        assert found(second_handle, "canary") == []
+
+    @pytest.mark.parametrize(
+        ("text", "problem"),
+        [("", "empty"), ("   ", "empty"), ("ab", "too short"), ("x" * (SEARCH_MAX_CHARS + 1), "too long")],
+    )
+    def test_search_refuses_text_it_cannot_take_in_one_line(
+        self, board: Board, text: str, problem: str
+    ) -> None:
+        found(board, "can it search at all")
+        with pytest.raises(InvalidInput, match=rf"^q: {problem}"):
+            search_tasks(board, text)

@@ -22,15 +22,17 @@ from typing import Any
 import httpx
 import pytest
 
-from board import Board, BoardTask, TaskStatus, open_board
+from board import Board, BoardTask, TaskStatus, open_board, search_tasks
 from board.http import BoardServerError, HttpBoard, open_http
 from core.errors import (
     CapabilityError,
     ConfigError,
+    InvalidInput,
     NotFound,
     SettingsError,
     TransientError,
     Unauthenticated,
+    Unsupported,
     UnusableURL,
 )
 from core.settings import Settings
@@ -38,6 +40,7 @@ from poolkeeper.api.app import create_app
 from poolkeeper.boardserver import app as board_api
 from poolkeeper.embedded import ROOT, wait_for
 from poolkeeper.testing.board_contract import BoardContract
+from tests.factories import WithoutSearch
 from tests.helpers import BOARD_TOKEN as TOKEN
 from tests.helpers import AppServer, BoardServer
 
@@ -324,3 +327,16 @@ def test_a_poisoned_task_over_http_fails_with_the_boards_own_class_and_detail(
         assert describe(over_http.value) == "PoisonedTask: board: task poison-0 is poisoned (chaos)"
     finally:
         client.close()
+
+
+def test_a_server_whose_board_cannot_search_says_so_in_one_line(
+    inner: Board, served: Callable[[Board], BoardServer]
+) -> None:
+    inner.add_task("b", "findable title", task_id="t1")
+    client = HttpBoard(served(WithoutSearch(inner)).url, token=TOKEN)
+    with pytest.raises(Unsupported, match=r"^this board \(WithoutSearch\) cannot search its tasks$"):
+        search_tasks(client, "findable")
+    searching = HttpBoard(served(inner).url, token=TOKEN)
+    assert [t.id for t in search_tasks(searching, "FINDABLE")] == ["t1"]
+    with pytest.raises(InvalidInput, match=r"^q: too short"):  # the server refuses it alike
+        searching.search_tasks("fi")

@@ -90,6 +90,31 @@ def test_board_commands_and_maintain_once_drive_a_task(tmp_path: Path) -> None:
     assert as_json(tmp_path, "status")["board"]["done"] == 1
 
 
+def test_board_search_lists_tasks_holding_the_text_newest_first(tmp_path: Path) -> None:
+    ok(tmp_path, "init")
+    ok(tmp_path, "board", "add", "b1", "Rotate the TLS certificates", "--id", "t1")
+    ok(
+        tmp_path,
+        "board",
+        "add",
+        "b1",
+        "Renew certs",
+        "--body",
+        'ask "the vault" for CERTIFICATES',
+        "--id",
+        "t2",
+    )
+    ok(tmp_path, "board", "add", "b2", "unrelated", "--id", "t3")
+    found = as_json(tmp_path, "board", "search", "certificate")
+    assert [(t["board"], t["id"], t["status"]) for t in found] == [
+        ("b1", "t2", "ready"),
+        ("b1", "t1", "ready"),
+    ]
+    assert [t["id"] for t in as_json(tmp_path, "board", "search", '"the vault" for')] == ["t2"]
+    assert as_json(tmp_path, "board", "search", "certificate", "--limit", "1")[0]["id"] == "t2"
+    assert "Rotate the TLS" in ok(tmp_path, "board", "search", "TLS cert")
+
+
 def test_rows_shows_one_row_with_its_children_as_a_tree(tmp_path: Path) -> None:
     ok(tmp_path, "init")
     store = PoolStore(f"sqlite:///{tmp_path}/pool.db", pool_size=2)
@@ -165,6 +190,10 @@ def test_board_add_from_json_lines_adds_every_task_or_none(tmp_path: Path) -> No
         (("board", "add", "b1", "--from", "nosuch.jsonl"), "--from: cannot read nosuch.jsonl"),
         (("board", "add", "b1", "--from", "/dev/zero"), "--from: cannot read /dev/zero: not a regular file"),
         (("abandon", "1", "--reason", ""), "reason: must be 1 to 500 characters"),
+        (("board", "search", "ab"), "q: too short: tasks are searched by 3 characters or more"),
+        (("board", "search", "x" * 201), "q: too long: at most 200 characters"),
+        (("board", "search", "  "), "q: empty"),
+        (("board", "search", "cert", "--limit", "51"), "limit: must be between 1 and 50, got 51"),
     ],
 )
 def test_user_mistakes_are_one_clear_line_and_exit_2(

@@ -611,6 +611,29 @@ def test_a_row_is_found_by_its_error_text_from_the_keyboard_and_opened(
     assert driver.find_element(By.CSS_SELECTOR, '[data-field="last_error"]').text == POISON
 
 
+def test_tasks_are_found_by_words_of_their_title_or_body_and_open_on_their_board(
+    driver: WebDriver, console: Console
+) -> None:
+    """Type a word an operator knows in the header's search: the tasks whose title or body holds it are
+    listed, newest first, with the row that runs one, and a task's link opens its board with it in view."""
+    row = console.claimed_row("finance-sync", 0)  # title "task finance-sync", claimed and on ordinal 0
+    console.kanban.add_task("b", "nightly report", "send it to the Finance team", task_id="report")
+    console.kanban.add_task("b", "unrelated", task_id="other")
+    signed_in(driver, console)
+    driver.find_element(By.ID, "nav-search").send_keys("FINANCE", Keys.ENTER)
+    until("the results", lambda: "/ui/search?q=FINANCE" in driver.current_url, driver=driver)
+    found = driver.find_elements(By.CSS_SELECTOR, "#found-tasks tbody tr")
+    assert [tr.get_attribute("data-task") for tr in found] == ["b/report", "b/finance-sync"]
+    assert "send it to the Finance team" in found[0].text
+    rows = driver.find_elements(By.CSS_SELECTOR, "#found-rows tbody tr")
+    assert [tr.get_attribute("data-row") for tr in rows] == [str(row)]
+    driver.find_element(By.ID, "found-task-1").send_keys(Keys.ENTER)
+    until(
+        "the board page", lambda: driver.current_url.endswith("/ui/board?board=b#task-report"), driver=driver
+    )
+    assert driver.find_element(By.ID, "task-report").get_attribute("data-task") == "report"
+
+
 def test_forty_rows_quarantined_by_one_error_are_requeued_in_one_confirmed_action(
     driver: WebDriver, tmp_path: Path, redis_server: RedisServer
 ) -> None:

@@ -20,7 +20,7 @@ from poolkeeper.console import lists as console_lists
 from poolkeeper.serve import create_app
 from store import PoolStore, audit
 from store.models import EventKind, RowState
-from tests.factories import RowFactory, row_state
+from tests.factories import RowFactory, WithoutSearch, row_state
 
 SECRET = "search-test-secret-" + "0123456789abcdef" * 3
 POISON = "ValueError: poisoned result: not JSON"
@@ -291,3 +291,52 @@ def test_a_bulk_abandon_parks_each_run_with_the_reason_and_refuses_a_settled_row
             "detail"
         ]
     assert row_state(store, settled)["state"] == "finalized"
+
+
+# --- tasks, through the board's index --------------------------------------------------------
+
+
+def found_tasks(page: str) -> list[str]:
+    body = page.split('id="found-tasks"', 1)[1].split("</table>", 1)[0] if 'id="found-tasks"' in page else ""
+    return re.findall(r'<tr data-task="([^"]+)"', body)
+
+
+def test_search_finds_tasks_by_title_or_body_and_the_rows_that_run_them(
+    http: TestClient, kanban: Board, make_row: RowFactory
+) -> None:
+    kanban.add_task("b", "Rotate the TLS certificates", "every proxy", task_id="t1")
+    kanban.add_task("b", "Renew certs", '{"ask": "the vault for Certificates"}', task_id="t2")
+    kanban.add_task("b", "Unrelated", task_id="t3")
+    row = make_row(RowState.RUNNING, task_id="t2")
+    make_row(RowState.RUNNING, task_id="t3", ordinal=1)
+    page = http.get("/ui/search", params={"q": "CERTIFICATE"})
+    assert page.status_code == 200
+    assert found_tasks(page.text) == ["b/t2", "b/t1"]  # newest first
+    assert 'href="/ui/board?board=b#task-t2"' in page.text
+    assert listed(page.text, "found-rows") == [row]  # found by its payload: its task's body
+    assert 'id="tasks-note"' not in page.text
+
+
+def test_search_text_is_literal_and_bounded(http: TestClient, kanban: Board) -> None:
+    kanban.add_task("b", "50% off", 'say "hi" AND NEAR(x)', task_id="t1")
+    kanban.add_task("b", "500 off", task_id="t2")
+    assert found_tasks(http.get("/ui/search", params={"q": "50%"}).text) == ["b/t1"]
+    assert found_tasks(http.get("/ui/search", params={"q": '"hi" AND NEAR('}).text) == ["b/t1"]
+    short = http.get("/ui/search", params={"q": "50"})
+    assert short.status_code == 200 and found_tasks(short.text) == []
+    assert "Tasks are not searched: too short: tasks are searched by 3 characters or more." in short.text
+    long = http.get("/ui/search", params={"q": "x" * 201})
+    assert long.status_code == 422 and "q: too long: at most 200 characters" in long.text
+    assert "Traceback" not in long.text
+
+
+def test_a_board_that_cannot_search_says_so_and_rows_are_still_found(
+    http: TestClient, make_row: RowFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    row = make_row(RowState.RUNNING, task_id="job-7")
+    pages = http.app.state.console.pages  # type: ignore[attr-defined]
+    monkeypatch.setattr(pages, "kanban", WithoutSearch(pages.kanban))
+    page = http.get("/ui/search", params={"q": "job-7"})
+    assert page.status_code == 200 and listed(page.text, "found-rows") == [row]
+    note = page.text.split('id="tasks-note">', 1)[1].split("<", 1)[0]
+    assert note == "Tasks are not searched: this board (WithoutSearch) cannot search its tasks."
