@@ -133,9 +133,14 @@ class Pages:
     def dispatch(self, now: float) -> dict[str, Any]:
         """Whether dispatch is paused, and its pauses and resumes (the pool-wide audit events)."""
         with self.store.session(readonly=True) as s:
-            found = pause.read(s)
+            found, boards = pause.read(s), pause.boards(s)
             history = audit.history(s, audit.POOL, limit=LIST_LIMIT)
-        return {"dispatch": dispatch_view(found, now), "history": history[::-1], "now": now}
+        return {
+            "dispatch": dispatch_view(found, boards, now),
+            "boards": self.kanban.list_boards(),
+            "history": history[::-1],
+            "now": now,
+        }
 
     def row(self, row_id: int, now: float) -> dict[str, Any]:
         with self.store.session(readonly=True) as s:
