@@ -65,10 +65,18 @@ class FlakyBoard:
         return self.inner.get_task(board, task_id)
 
     def claim_ready(
-        self, limit: int, *, assignee: str, lane: str, request_id: str | None = None
+        self,
+        limit: int,
+        *,
+        assignee: str,
+        lane: str,
+        request_id: str | None = None,
+        skip_boards: Sequence[str] = (),
     ) -> list[Claim]:
         self._maybe_fail()
-        return self.inner.claim_ready(limit, assignee=assignee, lane=lane, request_id=request_id)
+        return self.inner.claim_ready(
+            limit, assignee=assignee, lane=lane, request_id=request_id, skip_boards=skip_boards
+        )
 
     def block_task(self, board: str, task_id: str, reason: str, kind: str, expected_run_id: int) -> bool:
         self._maybe_fail(task_id)

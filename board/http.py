@@ -32,7 +32,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
@@ -73,6 +73,7 @@ class Body(BaseModel):
 
 NAME_PATTERN = f"^{validate.NAME_RE.pattern}$"
 TaskName = Annotated[str, Field(min_length=1, max_length=shapes.TASK_ID_CHARS, pattern=NAME_PATTERN)]
+BoardNamed = Annotated[str, Field(min_length=1, max_length=shapes.BOARD_CHARS, pattern=NAME_PATTERN)]
 
 
 def _name(max_length: int, description: str, *default: Any) -> Any:
@@ -86,6 +87,9 @@ class ClaimRequest(Body):
     limit: int = Field(ge=0, le=validate.INT32_MAX)
     assignee: Text = Field(min_length=1, max_length=shapes.ASSIGNEE_CHARS)
     lane: Text = Field(min_length=1, max_length=shapes.LANE_CHARS)
+    skip_boards: list[BoardNamed] = Field(
+        default_factory=list, max_length=shapes.SKIP_BOARDS, description="Boards to claim nothing from."
+    )
 
 
 class BlockRequest(Body):
@@ -252,10 +256,20 @@ class HttpBoard:
         return self._call("GET", _task(board, task_id), TaskAnswer, task=f"{board}/{task_id}").task
 
     def claim_ready(
-        self, limit: int, *, assignee: str, lane: str, request_id: str | None = None
+        self,
+        limit: int,
+        *,
+        assignee: str,
+        lane: str,
+        request_id: str | None = None,
+        skip_boards: Sequence[str] = (),
     ) -> list[Claim]:
         asked = ClaimRequest.model_construct(
-            request_id=request_id or uuid.uuid4().hex, limit=limit, assignee=assignee, lane=lane
+            request_id=request_id or uuid.uuid4().hex,
+            limit=limit,
+            assignee=assignee,
+            lane=lane,
+            skip_boards=list(skip_boards),
         )
         return self._call("POST", "/v1/claims", Claims, body=asked).claims
 

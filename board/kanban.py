@@ -101,23 +101,33 @@ class KanbanBoard:
         return self._task(row) if row is not None else None
 
     def claim_ready(
-        self, limit: int, *, assignee: str, lane: str, request_id: str | None = None
+        self,
+        limit: int,
+        *,
+        assignee: str,
+        lane: str,
+        request_id: str | None = None,
+        skip_boards: Sequence[str] = (),
     ) -> list[Claim]:
         validate.integer("limit", limit, 0, validate.INT32_MAX)
         if request_id is not None:
             validate.name("request_id", request_id, shapes.REQUEST_ID_CHARS)
+        if len(skip_boards) > shapes.SKIP_BOARDS:
+            raise InvalidInput("skip_boards", f"at most {shapes.SKIP_BOARDS} boards")
         now = time.time()
         with self._tx() as conn:
             if request_id is not None:
                 made = conn.scalar(select(CR.claims).where(CR.request_id == request_id))
                 if made is not None:  # a retry: the claims that request made, and nothing more
                     return [Claim(board, task_id, int(run_id)) for board, task_id, run_id in json.loads(made)]
-            claims = self._claim(conn, limit, assignee, lane, now)
+            claims = self._claim(conn, limit, assignee, lane, now, skip_boards)
             if request_id is not None:
                 self._remember(conn, request_id, claims, now)
         return claims
 
-    def _claim(self, conn: Connection, limit: int, assignee: str, lane: str, now: float) -> list[Claim]:
+    def _claim(
+        self, conn: Connection, limit: int, assignee: str, lane: str, now: float, skip_boards: Sequence[str]
+    ) -> list[Claim]:
         claims: list[Claim] = []
         skipped: list[tuple[str, str]] = []  # tasks this claim could not take: not asked again
         while len(claims) < limit:
@@ -131,6 +141,8 @@ class KanbanBoard:
             )
             if skipped:
                 candidates = candidates.where(tuple_(T.board, T.id).not_in(skipped))
+            if skip_boards:
+                candidates = candidates.where(T.board.not_in(list(skip_boards)))
             batch = conn.execute(candidates).all()
             if not batch:
                 break

@@ -97,10 +97,17 @@ class Board(Protocol):
     def get_task(self, board: str, task_id: str) -> BoardTask | None: ...
 
     def claim_ready(
-        self, limit: int, *, assignee: str, lane: str, request_id: str | None = None
+        self,
+        limit: int,
+        *,
+        assignee: str,
+        lane: str,
+        request_id: str | None = None,
+        skip_boards: Sequence[str] = (),
     ) -> list[Claim]:
-        """Atomically claim up to ``limit`` ready tasks of ``lane``; a ``request_id`` already used
-        returns the claims that request made and claims nothing more (a retry after a lost answer)."""
+        """Atomically claim up to ``limit`` ready tasks of ``lane``, none of the boards ``skip_boards``
+        names (at most ``shapes.SKIP_BOARDS``: those paused on their own); a ``request_id`` already
+        used returns the claims that request made and claims nothing more (a retry after a lost answer)."""
 
     def block_task(self, board: str, task_id: str, reason: str, kind: str, expected_run_id: int) -> bool: ...
 

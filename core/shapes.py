@@ -23,6 +23,7 @@ BOARD_API_TITLE = "poolkeeper board API"  # poolctl board serve
 
 # Names, each as wide as its column
 BOARD_CHARS = 64  # a board's name
+SKIP_BOARDS = 1000  # boards one claim may skip (those paused on their own)
 TASK_ID_CHARS = 128  # a task's id on its board
 LANE_CHARS = 64
 ASSIGNEE_CHARS = 64  # whom a board task is claimed for

@@ -42,8 +42,11 @@ class Abandoned:
     reason: str
 
 
-def cancel(kanban: Board, store: PoolStore, board: str, task_id: str, now: float) -> Cancelled:
-    """Cancel the task on the board, then make its run's live row ``stale``.
+def cancel(
+    kanban: Board, store: PoolStore, board: str, task_id: str, now: float, *, reason: str = ""
+) -> Cancelled:
+    """Cancel the task on the board, then make its run's live row ``stale`` (``reason``, when
+    given, on the row's audit trail).
 
     A busy board raises ``TransientError`` with nothing changed. A busy store
     after the cancel cannot undo it: the result says the row is left to
@@ -63,7 +66,7 @@ def cancel(kanban: Board, store: PoolStore, board: str, task_id: str, now: float
                 states=LIVE_STATES,
                 now=now,
                 actor=audit.OPERATOR,
-                evidence="task cancelled on the board by the operator",
+                evidence="task cancelled on the board by the operator" + (f": {reason}" if reason else ""),
                 kind=EventKind.CANCEL,
             )
     except TransientError as err:

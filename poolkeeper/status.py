@@ -6,8 +6,9 @@ store gauges of ``/metrics``, so none of them can disagree: rows by state, ordin
 ``lease_failed`` row, live child executions, audit events written, each ordinal's last
 worker call, what it holds and its state (``polling``, ``busy``, or ``gone`` when it has
 had no call for longer than a lease), the ``assigned`` rows that have waited longer than
-a lease, whether dispatch is paused; then board tasks by status, and from Redis each pass's last scan, beat
-liveness, the queue depth and the Celery workers and beats by their beacons
+a lease, whether dispatch is paused (and which boards are, each on its own); then board
+tasks by status, and from Redis each pass's last scan, beat liveness, the queue depth and
+the Celery workers and beats by their beacons
 (``tasks.liveness``; ``None`` when Redis does not answer).
 
 A dependency that does not answer leaves its part ``None`` and names the error under
@@ -69,7 +70,7 @@ def snapshot(
         "ordinals": found.ordinals,
         "live_children": found.live_children,
         "audit_events": found.audit_events,
-        "dispatch": dispatch_view(found.dispatch, now),
+        "dispatch": dispatch_view(found.dispatch, found.paused_boards, now),
         **presence_view(found, now, store.lease_seconds),
         "board": board_counts,
         "board_error": board_error,
@@ -104,8 +105,13 @@ def presence_view(found: numbers.PoolNumbers, now: float, lease_seconds: float) 
     }
 
 
-def dispatch_view(d: pause.Pause, now: float) -> dict[str, Any]:
-    """Whether dispatch is paused (no new claims), by whom, why and for how long."""
+def dispatch_view(d: pause.Pause, boards: dict[str, pause.Pause], now: float) -> dict[str, Any]:
+    """Whether dispatch is paused (no new claims), by whom, why and for how long; and under
+    ``boards``, each board paused on its own (by name) the same way."""
+    return {**_pause_view(d, now), "boards": [{"board": b, **_pause_view(p, now)} for b, p in boards.items()]}
+
+
+def _pause_view(d: pause.Pause, now: float) -> dict[str, Any]:
     return {
         "paused": d.paused,
         "reason": d.reason,

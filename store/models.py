@@ -342,6 +342,20 @@ class DispatchPause(Base):
     )
 
 
+class BoardPause(Base):
+    """A board whose dispatch is paused on its own: one row per paused board, with the operator's
+    reason, who and since when; resuming deletes it (``store.pause``). Dispatch claims nothing
+    from such a board while every other goes on; the pool-wide pause (``DispatchPause``) stands apart.
+    """
+
+    __tablename__ = "board_pauses"
+
+    board: Mapped[str] = mapped_column(String(shapes.BOARD_CHARS), primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(String(64))
+    since: Mapped[float] = mapped_column(Float)
+
+
 class ConsoleSignout(Base):
     """A console session signed out before it expired (``store.signouts``), until it would have.
 

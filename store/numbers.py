@@ -40,6 +40,7 @@ class PoolNumbers:
     assigned_since: list[queries.Waiting]  # assigned rows, with when they became assigned
     held: dict[int, queries.Held]  # each held ordinal's live row
     dispatch: pause.Pause  # paused by an operator (no new claims), or not
+    paused_boards: dict[str, pause.Pause]  # boards paused on their own (no new claims from them)
 
     def without_worker(self, now: float, lease_seconds: float) -> list[int]:
         """Ordinals with no worker call for longer than a lease (or none ever seen)."""
@@ -83,4 +84,5 @@ def read(s: Session, pool_size: int) -> PoolNumbers:
         assigned_since=queries.assigned_since(s),
         held=held,
         dispatch=pause.read(s),
+        paused_boards=pause.boards(s),
     )

@@ -1,28 +1,34 @@
-"""Pause and resume dispatch (drain mode): the one row of ``dispatch_pause``, and an audit event each.
+"""Pause and resume dispatch (drain mode), for the whole pool or for one board, and an audit event each.
 
 While paused, dispatch (``tasks.materialize.dispatch``) claims nothing new from the
-board; every run already claimed still runs, heartbeats, delivers and is maintained.
-Each change is one conditional UPDATE of the one row (paused only where it was not,
-resumed only where it was) and its audit event (``pause`` or ``resume``, on row id
-``audit.POOL``: the pool as a whole) in the caller's transaction. Pausing a paused
-pool, or resuming one that is not paused, matches nothing: it changes nothing, records
-nothing, and says so (``False``).
+board (or from the paused board, while it claims from the others as ever); every run
+already claimed still runs, heartbeats, delivers and is maintained. Pool-wide, each
+change is one conditional UPDATE of the one row of ``dispatch_pause`` (paused only where
+it was not, resumed only where it was); for a board, an INSERT of its ``board_pauses``
+row that does nothing where it is there already, and a DELETE of it. Each has its audit
+event (``pause`` or ``resume``, on row id ``audit.POOL``, a board's naming it first in
+its detail: ``board NAME: reason``) in the caller's transaction. Pausing what is paused,
+or resuming what is not, matches nothing: it changes nothing, records nothing, and says
+so (``False``). The two are apart: resuming the pool leaves a paused board paused.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from core import validate
+from core import shapes, validate
 from core.errors import InvalidInput
 from store import audit
-from store.models import DispatchPause, EventKind
+from store.models import BoardPause, DispatchPause, EventKind
 
-P = DispatchPause
+P, B = DispatchPause, BoardPause
 MAX_REASON_CHARS = 500
+MAX_PAUSED_BOARDS = 1000  # boards one read lists (and one dispatch round skips) at most
+_INSERT = {d.dialect.name: d.insert for d in (postgresql, sqlite)}
 
 
 @dataclass(frozen=True)
@@ -44,20 +50,43 @@ def read(s: Session) -> Pause:
     return RUNNING if found is None else Pause(bool(found.paused), found.reason, found.actor, found.since)
 
 
-def pause(s: Session, reason: str, *, now: float, actor: str) -> bool:
-    """Pause dispatch for ``reason``; False when it was paused already (nothing changed)."""
+def boards(s: Session) -> dict[str, Pause]:
+    """The boards paused on their own, by name (at most ``MAX_PAUSED_BOARDS``, by name)."""
+    found = s.execute(select(B.board, B.reason, B.actor, B.since).order_by(B.board).limit(MAX_PAUSED_BOARDS))
+    return {r.board: Pause(True, r.reason, r.actor, r.since) for r in found}
+
+
+def pause(s: Session, reason: str, *, now: float, actor: str, board: str | None = None) -> bool:
+    """Pause dispatch (of ``board`` alone, if given) for ``reason``; False when it was paused already."""
     reason = validate.text("reason", reason).strip()
     if not reason or len(reason) > MAX_REASON_CHARS:
         raise InvalidInput("reason", f"must be 1 to {MAX_REASON_CHARS} characters")
-    event = audit.Event(audit.POOL, EventKind.PAUSE, actor, detail=reason)
-    return _change(s, was=False, to=Pause(True, reason, actor, now), event=event)
-
-
-def resume(s: Session, *, now: float, actor: str) -> bool:
-    """Resume dispatch; False when it was not paused (nothing changed)."""
-    return _change(
-        s, was=True, to=Pause(False, None, actor, now), event=audit.Event(audit.POOL, EventKind.RESUME, actor)
+    if board is None:
+        event = audit.Event(audit.POOL, EventKind.PAUSE, actor, detail=reason)
+        return _change(s, was=False, to=Pause(True, reason, actor, now), event=event)
+    validate.name("board", board, shapes.BOARD_CHARS)
+    actor = validate.storable(actor, audit.MAX_ACTOR_CHARS)
+    row = {"board": board, "reason": reason, "actor": actor, "since": now}
+    stmt = _INSERT[s.get_bind().dialect.name](B).values(row).on_conflict_do_nothing(index_elements=["board"])
+    if s.execute(stmt.returning(B.board)).first() is None:  # there already
+        return False
+    audit.append(
+        s, [audit.Event(audit.POOL, EventKind.PAUSE, actor, detail=f"board {board}: {reason}")], now=now
     )
+    return True
+
+
+def resume(s: Session, *, now: float, actor: str, board: str | None = None) -> bool:
+    """Resume dispatch (of ``board`` alone, if given); False when it was not paused (nothing changed)."""
+    if board is None:
+        event = audit.Event(audit.POOL, EventKind.RESUME, actor)
+        return _change(s, was=True, to=Pause(False, None, actor, now), event=event)
+    validate.name("board", board, shapes.BOARD_CHARS)
+    if s.execute(delete(B).where(B.board == board)).rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    event = audit.Event(audit.POOL, EventKind.RESUME, actor, detail=f"board {board}")
+    audit.append(s, [event], now=now)
+    return True
 
 
 def _change(s: Session, *, was: bool, to: Pause, event: audit.Event) -> bool:

@@ -114,6 +114,11 @@ def run_state(s: Session, board: str, task_id: str, run_id: int) -> RowState | N
     return None if state is None else RowState(state)
 
 
+def row_of_run(s: Session, board: str, task_id: str, run_id: int) -> int | None:
+    """The id of the run's row, or None when it has none."""
+    return s.scalar(select(A.id).where(A.board == board, A.task_id == task_id, A.run_id == run_id))
+
+
 def counts_by_state(s: Session) -> dict[str, int]:
     counts = {state.value: 0 for state in RowState}
     for state, n in s.execute(select(A.state, func.count()).group_by(A.state)):

@@ -71,6 +71,12 @@ class StoreCollector:
             "1 while an operator has paused dispatch (no new claims; claimed runs go on).",
             value=int(found.dispatch.paused),
         )
+        yield _by(
+            "poolkeeper_board_dispatch_paused",
+            "1 for each board an operator has paused on its own (no new claims from it; the others go on).",
+            "board",
+            {board: 1 for board in found.paused_boards},
+        )
         yield from _presence(found, now, self.store.lease_seconds)
 
 

@@ -3,7 +3,8 @@
 Dispatch (one at a time, plane-wide) claims at most as many ready tasks as
 there are free, unreserved ordinals, reserving one ordinal per claim; while an
 operator has paused it (``store.pause``, drain mode) it claims nothing, said once
-per pause, and every run already claimed goes on as ever. Storage
+per pause, and every run already claimed goes on as ever; from a board paused on its
+own it claims nothing (the board skips it), from the others as ever. Storage
 faults are absorbed (the next tick tries again); anything else is a
 programming error (the board API changed) and surfaces loudly. Reconcile
 hands over the orphaned runs it finds through ``hand_over`` too, so there is
@@ -157,7 +158,7 @@ def _claim_round(plane: Plane, now: float, submit: Submit) -> tuple[bool, int]:
     """
     try:
         with plane.store.session(readonly=True) as s:
-            held = pause.read(s)
+            held, paused_boards = pause.read(s), sorted(pause.boards(s))
         reserved = reserve_free(plane, plane.settings.pool_size, now, staffed_only=True)
     except TransientError as err:
         failures.reporter.once("dispatch", "all", f"store or redis busy, next tick: {err}")
@@ -180,7 +181,10 @@ def _claim_round(plane: Plane, now: float, submit: Submit) -> tuple[bool, int]:
         return True, served
     try:
         claims = plane.board.claim_ready(
-            len(reserved), assignee=plane.settings.assignee, lane=plane.settings.lane
+            len(reserved),
+            assignee=plane.settings.assignee,
+            lane=plane.settings.lane,
+            skip_boards=paused_boards,
         )
     except TransientError as err:
         failures.reporter.once("dispatch", "all", f"board busy, next tick: {err}")

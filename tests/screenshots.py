@@ -1,11 +1,13 @@
-"""Screenshots of the console for docs/console.md: ``python -m tests.screenshots [OUTDIR]`` (default docs/).
+"""Screenshots of the console for docs/console.md: ``python -m tests.screenshots [OUTDIR [NAME.png ...]]``
+(default docs/, every picture; names given: only those).
 
 Seeds a small pool through the real code paths (board tasks claimed and
 materialized by ``maintain_once`` over a Redis of its own, grants, a row
-quarantined by the failure path, a parked task), starts ``poolctl serve`` and
-takes, at 1280 by 800 in Debian's Chromium: the overview (light and dark), a
-quarantined row's page, the board page, the workers page, a search, a bulk
-requeue's confirmation and the trends (light and dark). Run it by hand when the pages
+quarantined by the failure path, a parked task, a board whose tasks one cause
+parked), starts ``poolctl serve`` and takes, at 1280 by 800 in Debian's Chromium:
+the overview (light and dark), a quarantined row's page, the board page, the
+workers page, a search, a bulk requeue's confirmation, a bulk unblock's of a
+board's blocked tasks and the trends (light and dark). Run it by hand when the pages
 change; no test writes into the tree.
 """
 
@@ -61,6 +63,13 @@ def seed(settings: Settings, store: PoolStore, kanban: Board, redis: RedisServer
         parked.board, parked.task_id, "exit code 2: credentials expired", "capability", parked.run_id
     )
     kanban.add_task("payments", "Migrate legacy accounts", task_id="pay-900", lane="manual")
+    for i, title in enumerate(["Thumbnail batch 1", "Thumbnail batch 2", "Thumbnail batch 3"]):
+        kanban.add_task("images", title, task_id=f"img-{i + 1:03d}")
+    for claim in kanban.claim_ready(
+        3, assignee=settings.assignee, lane=settings.lane, skip_boards=["payments"]
+    ):
+        why = "exit code 75: the model server did not answer"
+        kanban.block_task(claim.board, claim.task_id, why, "capability", claim.run_id)
     now = time.time()
     for kind, name, at in (("beat", "beat@ops-1", now), ("worker", "maint@ops-1", now),
                            ("worker", "maint@ops-2", now - 600)):  # fmt: skip
@@ -68,7 +77,7 @@ def seed(settings: Settings, store: PoolStore, kanban: Board, redis: RedisServer
     return poisoned
 
 
-def main(outdir: Path) -> None:
+def main(outdir: Path, only: set[str]) -> None:
     why = browser.missing()
     if why:
         sys.exit(f"screenshots: {why}")
@@ -99,14 +108,19 @@ def main(outdir: Path) -> None:
                 ("/ui", "console-overview.png", "light"),
                 ("/ui", "console-overview-dark.png", "dark"),
                 (f"/ui/rows/{row}", "console-row.png", "light"),
-                ("/ui/board", "console-board.png", "light"),
+                ("/ui/board?board=payments", "console-board.png", "light"),
                 ("/ui/workers", "console-workers.png", "light"),
                 ("/ui/search?q=not+JSON", "console-search.png", "light"),
                 ("/ui/bulk/requeue?all=1&quarantined=1", "console-bulk.png", "light"),
+                (
+                    "/ui/bulk/tasks/unblock?board=images&all=1&status=blocked",
+                    "console-board-bulk.png",
+                    "light",
+                ),
                 ("/ui/trends", "console-trends.png", "light"),
                 ("/ui/trends", "console-trends-dark.png", "dark"),
             ]
-            for path, name, scheme in shots:
+            for path, name, scheme in [shot for shot in shots if not only or shot[1] in only]:
                 browser.color_scheme(driver, scheme)
                 driver.get(serve.url + path)
                 driver.find_element(By.ID, "main")
@@ -121,4 +135,4 @@ def main(outdir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs"))
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs"), set(sys.argv[2:]))

@@ -16,7 +16,7 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -119,19 +119,28 @@ class JsonBoard:
         return _task(board, task_id, found[1]) if found else None
 
     def claim_ready(
-        self, limit: int, *, assignee: str, lane: str, request_id: str | None = None
+        self,
+        limit: int,
+        *,
+        assignee: str,
+        lane: str,
+        request_id: str | None = None,
+        skip_boards: Sequence[str] = (),
     ) -> list[Claim]:
+        skipped = " AND board NOT IN (SELECT value FROM json_each(?))"
         sql = (
             f"SELECT board, id, doc FROM item WHERE {STATUS} = 'ready' AND doc ->> 'lane' = ?"
             " AND board NOT IN (SELECT board FROM item WHERE id = '' AND doc ->> 'archived')"
-            " ORDER BY doc ->> 'seq' LIMIT ?"
+            f"{skipped} ORDER BY doc ->> 'seq' LIMIT ?"
         )
         claims, now = [], time.time()
         with self._tx(write=True) as conn:  # the write lock: no other claimer reads between
             asked = "SELECT claims FROM claim_request WHERE id = ?"
             if request_id and (done := conn.execute(asked, (request_id,)).fetchone()):
                 return [Claim(*c) for c in json.loads(done[0])]
-            for board, task_id, old in conn.execute(sql, (lane, limit)).fetchall():
+            for board, task_id, old in conn.execute(
+                sql, (lane, json.dumps(list(skip_boards)), limit)
+            ).fetchall():
                 doc = json.loads(old)
                 run = max((r[0] for r in doc["runs"]), default=0) + 1  # past every run it ever had
                 doc.update(status="running", assignee=assignee, current_run_id=run)

@@ -232,3 +232,4 @@ class Status(BaseModel):
     waiting_assigned: list[int]  # ids of rows ``assigned`` for longer than a lease
     worker_states: list[str]  # by ordinal: polling, busy or gone (``store.numbers.WorkerState``)
     dispatch_paused: bool  # an operator paused dispatch: no new claims (``poolctl resume``)
+    paused_boards: list[str]  # boards paused on their own: no new claims from them (``resume --board``)

@@ -66,6 +66,7 @@ def status(_: Reader, pool: Pool) -> Status:
         waiting_assigned=[w.id for w in found.waiting_assigned(now, pool.lease_seconds)],
         worker_states=[s.value for s in found.worker_states(now, pool.lease_seconds).values()],
         dispatch_paused=found.dispatch.paused,
+        paused_boards=list(found.paused_boards),
     )
 
 

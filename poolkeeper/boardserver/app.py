@@ -112,9 +112,15 @@ def get_task(board: Kanban, name: BoardName, task_id: TaskName) -> TaskAnswer:
 
 @router.post("/claims", response_model=Claims)
 def claim_ready(board: Kanban, body: ClaimRequest) -> Claims:
-    """Atomically claim up to ``limit`` ready tasks of ``lane``; a request id already used answers the
-    claims that request made, and claims nothing more."""
-    got = board.claim_ready(body.limit, assignee=body.assignee, lane=body.lane, request_id=body.request_id)
+    """Atomically claim up to ``limit`` ready tasks of ``lane``, none of ``skip_boards``; a request id
+    already used answers the claims that request made, and claims nothing more."""
+    got = board.claim_ready(
+        body.limit,
+        assignee=body.assignee,
+        lane=body.lane,
+        request_id=body.request_id,
+        skip_boards=body.skip_boards,
+    )
     return Claims(claims=got)
 
 

@@ -76,6 +76,12 @@ def fitted(
     return blocks
 
 
+def _paused(d: dict[str, Any], then: str) -> Text:
+    """A pause (``poolkeeper.status.dispatch_view``'s) as `status` shows it, in red."""
+    since = f"{_utc(d['since'])} UTC" if d["since"] else "?"
+    return safe(f"PAUSED by {d['by']} since {since}: {d['reason']} ({then})", style="red")
+
+
 def status(data: dict[str, Any], pool_size: int) -> Table:
     """``poolctl status``: the pool's numbers (``poolkeeper.status.snapshot``)."""
     free, counts = data["free_ordinals"], data["rows"]
@@ -83,12 +89,12 @@ def status(data: dict[str, Any], pool_size: int) -> Table:
     table.add_column(no_wrap=True)
     table.add_column(overflow="fold")
     d = data["dispatch"]
-    if d["paused"]:
-        since = f"{_utc(d['since'])} UTC" if d["since"] else "?"
-        paused = f"PAUSED by {d['by']} since {since}: {d['reason']} (no new claims; `poolctl resume`)"
-        table.add_row("dispatch", safe(paused, style="red"))
-    else:
-        table.add_row("dispatch", "running")
+    table.add_row("dispatch", _paused(d, "no new claims; `poolctl resume`") if d["paused"] else "running")
+    for b in d["boards"]:
+        name = b["board"]
+        table.add_row(
+            f"dispatch of {name}", _paused(b, f"no claims from it; `poolctl resume --board {name}`")
+        )
     for state, n in counts.items():
         table.add_row(f"rows {state}", str(n))
     table.add_row("free ordinals", f"{len(free)}/{pool_size} {free}")

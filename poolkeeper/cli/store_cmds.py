@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from core import validate
-from core.errors import InvalidInput
+from core.errors import InvalidInput, NotFound
 from poolkeeper.cli import render
 from poolkeeper.cli.base import (
     JsonOpt,
@@ -191,33 +191,43 @@ def abandon(
 @app.command(name="pause")
 def pause_dispatch(
     reason: Annotated[str, typer.Option(help="Why (kept in the audit trail and shown by `status`).")],
+    board: Annotated[
+        str | None, typer.Option(help="Pause this board alone: no claims from it, the others go on.")
+    ] = None,
 ) -> None:
-    """Pause dispatch (drain mode): no new claims; every claimed run still runs and is maintained."""
+    """Pause dispatch (drain mode), or one board's: no new claims; every claimed run still runs."""
     from poolkeeper.events import dispatch_settled
     from store import audit, pause
 
+    if board is not None and not _kanban().has_board(board):  # a misspelt name would pause nothing
+        raise NotFound(f"{validate.label(board, 64)}: no such board")
     with _store("write").session() as s:
-        changed = pause.pause(s, reason, now=time.time(), actor=audit.OPERATOR)
-        now = pause.read(s)
+        changed = pause.pause(s, reason, now=time.time(), actor=audit.OPERATOR, board=board)
+        now = pause.read(s) if board is None else pause.boards(s)[board]
+    what = "dispatch" if board is None else f"dispatch of board {board}"
     if changed:
         settled = dispatch_settled(_settings()) or "no claim follows"
-        told = "dispatch paused: {} ({}; claimed runs go on; `poolctl resume` ends it)"
-        out.print(render.line(told, now.reason, settled))
+        resume = "`poolctl resume`" if board is None else f"`poolctl resume --board {board}`"
+        told = "{} paused: {} ({}; claimed runs go on; {} ends it)"
+        out.print(render.line(told, what, now.reason, settled, resume))
     else:
-        out.print(render.line("dispatch was already paused: {} (unchanged)", now.reason))
+        out.print(render.line("{} was already paused: {} (unchanged)", what, now.reason))
 
 
 @app.command(name="resume")
-def resume_dispatch() -> None:
-    """Resume dispatch after `poolctl pause`: ready tasks are claimed again at once."""
+def resume_dispatch(
+    board: Annotated[str | None, typer.Option(help="Resume this board alone (paused with --board).")] = None,
+) -> None:
+    """Resume dispatch after `poolctl pause` (or one board's): ready tasks are claimed again at once."""
     from poolkeeper.events import events_for, task_ready
     from store import audit, pause
 
     with _store("write").session() as s:
-        changed = pause.resume(s, now=time.time(), actor=audit.OPERATOR)
+        changed = pause.resume(s, now=time.time(), actor=audit.OPERATOR, board=board)
     if changed:
         task_ready(events_for(_settings()))
-    out.print("dispatch resumed" if changed else "dispatch was not paused (unchanged)")
+    what = "dispatch" if board is None else f"dispatch of board {board}"
+    out.print(render.line("{} resumed" if changed else "{} was not paused (unchanged)", what))
 
 
 @app.command()

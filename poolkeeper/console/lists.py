@@ -6,17 +6,20 @@ page is a ``LIMIT``, a count stops at ``COUNT_UPTO``, and the audit trail is sea
 only among its newest ``AUDIT_WINDOW`` events (a primary-key range, no index added).
 
 A bulk action names its rows: those ticked on a page (at most ``PAGE_SIZES[-1]``), or
-every row matching a filter (the first ``BULK_CAP`` by id). The confirmation lists them
-and carries their digest; the POST resolves the same selection again and acts only if
-it still names the same rows. Each row then goes through ``Pages.act_on_row``, what
-``poolctl requeue`` and ``abandon`` call, one by one, so each is its own guarded
-transition and audit event with the operator's reason; a refusal is that row's result,
-never its neighbours'.
+every row matching a filter (the first ``BULK_CAP`` by id); or, on a board, its tasks
+ticked, or all of them in a status (the first ``BULK_CAP``, oldest first). The
+confirmation lists them and carries their digest; the POST resolves the same selection
+again and acts only if it still names the same ones. Each then goes through
+``Pages.act_on_row`` (what ``poolctl requeue`` and ``abandon`` call) or
+``Pages.act_on_task`` (``poolctl board unblock`` and ``cancel``, and a task's requeue:
+its running run's row requeued), one by one, so each is its own guarded move with the
+operator's reason; a refusal is its own result, never its neighbours'.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -24,9 +27,9 @@ from urllib.parse import urlencode
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
-from board import BoardTask, search_tasks
+from board import BoardTask, TaskStatus, search_tasks
 from board.protocol import SEARCH_LIMIT, SEARCH_MIN_CHARS, search_text
-from core import validate
+from core import shapes, validate
 from core.errors import InvalidInput, PoolError
 from poolkeeper import operator
 from poolkeeper.console.views import Pages
@@ -200,19 +203,30 @@ class Selection:
         return {**filter_query(self.where), "all": "1"}
 
 
+@dataclass(frozen=True)
+class TaskSelection:
+    """The tasks of one board a bulk action names: ticked by id (``ids``), or all (``every``) in
+    ``status`` (any status when None)."""
+
+    board: str
+    ids: tuple[str, ...] = ()
+    every: bool = False
+    status: TaskStatus | None = None
+
+    def fields(self) -> dict[str, str]:
+        """The selection as the confirmation form's hidden fields (read back by ``task_selection``)."""
+        if not self.every:
+            return {"board": self.board, "tasks": ",".join(self.ids)}
+        return {"board": self.board, "all": "1", **({"status": self.status.value} if self.status else {})}
+
+
 def selection(fields: dict[str, str], ticked: list[str]) -> Selection:
     """The selection of a query (``row=`` each, or ``all=1`` with the filter) or of a confirmation form."""
     if fields.get("all") == "1":
         return Selection(
             where=row_filter(fields.get("state", ""), fields.get("quarantined", ""), fields.get("error", ""))
         )
-    raw = ticked or [r for r in fields.get("rows", "").split(",") if r]
-    if not raw:
-        raise InvalidInput("rows", "no row selected: tick rows on the rows list, or act on all matching")
-    if len(raw) > PAGE_SIZES[-1]:
-        raise InvalidInput(
-            "rows", f"at most {PAGE_SIZES[-1]} rows by hand; act on all matching a filter for more"
-        )
+    raw = _ticked("rows", "row", ticked or [r for r in fields.get("rows", "").split(",") if r])
     if not all(
         r.isascii() and r.isdigit() and len(r) <= 10 and 1 <= int(r) <= validate.MAX_ROW_ID for r in raw
     ):
@@ -220,8 +234,60 @@ def selection(fields: dict[str, str], ticked: list[str]) -> Selection:
     return Selection(ids=tuple(sorted({int(r) for r in raw})))
 
 
-def resolve(pages: Pages, chosen: Selection, now: float) -> dict[str, Any]:
-    """The confirmation: the rows the selection names (at most ``BULK_CAP``), how many match, their digest."""
+def task_selection(fields: dict[str, str], ticked: list[str]) -> TaskSelection:
+    """The tasks of a query (``board=`` and ``task=`` each, or ``all=1`` with a ``status``) or of a
+    confirmation form."""
+    board = validate.name("board", fields.get("board", ""), shapes.BOARD_CHARS)
+    if fields.get("all") == "1":
+        return TaskSelection(board, every=True, status=task_status(fields.get("status", "")))
+    raw = _ticked("tasks", "task", ticked or [t for t in fields.get("tasks", "").split(",") if t])
+    ids = {validate.name("task", t, shapes.TASK_ID_CHARS) for t in raw}
+    return TaskSelection(board, ids=tuple(sorted(ids)))
+
+
+def task_status(raw: str) -> TaskStatus | None:
+    """A board page's ``?status=`` (empty: any), or 422 naming the statuses."""
+    try:
+        return TaskStatus(raw) if raw else None
+    except ValueError:
+        names = ", ".join(s.value for s in TaskStatus)
+        raise InvalidInput("status", f"unknown status {raw[:40]!r}; one of {names}") from None
+
+
+def _ticked(field: str, noun: str, raw: list[str]) -> list[str]:
+    if not raw:
+        raise InvalidInput(field, f"no {noun} selected: tick {field} on its list, or act on all matching")
+    if len(raw) > PAGE_SIZES[-1]:
+        raise InvalidInput(field, f"at most {PAGE_SIZES[-1]} {field} by hand; act on all matching for more")
+    return raw
+
+
+def resolve(pages: Pages, chosen: Selection | TaskSelection, now: float) -> dict[str, Any]:
+    """The confirmation: what the selection names (at most ``BULK_CAP``), how many match, their digest."""
+    if isinstance(chosen, TaskSelection):
+        ids, listed, matching, more_than = _tasks_named(pages, chosen)
+    else:
+        ids, listed, matching, more_than = _rows_named(pages, chosen)
+    return {
+        "kind": "tasks" if isinstance(chosen, TaskSelection) else "rows",
+        "ids": ids,
+        "listed": listed,
+        "matching": matching,
+        "more_than": more_than,
+        "capped": more_than or matching > len(ids),
+        "digest": validate.sha256(",".join(map(str, [*chosen.fields().values(), *ids]))),
+        "fields": chosen.fields(),
+        "where": chosen.where if isinstance(chosen, Selection) else None,
+        "chosen": chosen,
+        "bulk_cap": BULK_CAP,
+        "now": now,
+    }
+
+
+Named = tuple[list[Any], list[dict[str, Any]], int, bool]  # ids, the first listed, matching, more than
+
+
+def _rows_named(pages: Pages, chosen: Selection) -> Named:
     with pages.store.session(readonly=True) as s:
         if chosen.where is None:
             ids, matching = list(chosen.ids), len(chosen.ids)
@@ -230,43 +296,58 @@ def resolve(pages: Pages, chosen: Selection, now: float) -> dict[str, Any]:
             matching = queries.count_upto(s, chosen.where.where(select(Assignment.id)), COUNT_UPTO)
         shown = ids[:BULK_LISTED]
         found = {r.id: row_view(r) for r in s.scalars(select(Assignment).where(Assignment.id.in_(shown)))}
+    return ids, [found.get(i, {"id": i, "missing": True}) for i in shown], matching, matching >= COUNT_UPTO
+
+
+def _tasks_named(pages: Pages, chosen: TaskSelection) -> Named:
+    """The ticked tasks, or the board's first ``BULK_CAP`` in the status (oldest first); more than
+    that is counted as "more than" (the board counts no further)."""
+    if not chosen.every:
+        ids = list(chosen.ids)
+        shown = [_task_view(pages.kanban.get_task(chosen.board, t), t) for t in ids[:BULK_LISTED]]
+        return ids, shown, len(ids), False
+    matching = pages.kanban.list_tasks(chosen.board, chosen.status, limit=BULK_CAP + 1)
+    tasks = matching[:BULK_CAP]
+    listed = [_task_view(t, t.id) for t in tasks[:BULK_LISTED]]
+    return [t.id for t in tasks], listed, len(tasks), len(matching) > BULK_CAP
+
+
+def _task_view(task: BoardTask | None, task_id: str) -> dict[str, Any]:
+    if task is None:
+        return {"id": task_id, "missing": True}
     return {
-        "ids": ids,
-        "listed": [found.get(i, {"id": i, "missing": True}) for i in shown],
-        "matching": matching,
-        "more_than": matching >= COUNT_UPTO,
-        "capped": matching > len(ids),
-        "digest": validate.sha256(",".join(map(str, ids))),
-        "fields": chosen.fields(),
-        "where": chosen.where,
-        "bulk_cap": BULK_CAP,
-        "now": now,
+        "id": task.id,
+        "title": task.title,
+        "status": task.status.value,
+        "run": task.current_run_id,
+        "block_reason": task.block_reason,
     }
 
 
 @dataclass(frozen=True)
-class RowResult:
-    id: int
+class Result:
+    id: int | str  # the row's id, or the task's
     done: bool
     why: str = ""  # the refusal, one sentence
 
 
-def act(pages: Pages, action: str, ids: list[int], reason: str, now: float) -> list[RowResult]:
-    """Each row through ``Pages.act_on_row`` in turn; a refusal is its row's result, never its neighbours'."""
+def act(one: Callable[[Any, str], None], action: str, ids: list[Any], reason: str) -> list[Result]:
+    """``one(id, reason)`` for each row or task in turn (``Pages.act_on_row``, ``Pages.act_on_task``,
+    what ``poolctl`` calls); a refusal is its own result, never its neighbours'."""
     reason = reason.strip()
     if not reason or len(reason) > operator.MAX_REASON_CHARS:
         raise InvalidInput(
             "reason", f"a bulk action needs a reason of 1 to {operator.MAX_REASON_CHARS} characters"
         )
     results = []
-    for row_id in ids:
+    for key in ids:
         try:
-            pages.act_on_row(action, row_id, reason, now)
+            one(key, reason)
         except PoolError as err:
-            results.append(RowResult(row_id, False, str(err)))
+            results.append(Result(key, False, str(err)))
         except SQLAlchemyError as err:
-            log.error("console: bulk %s of row %d failed in the store", action, row_id, exc_info=err)
-            results.append(RowResult(row_id, False, "the pool store failed (the server logged it)"))
+            log.error("console: bulk %s of %s failed in the store", action, key, exc_info=err)
+            results.append(Result(key, False, "the pool store failed (the server logged it)"))
         else:
-            results.append(RowResult(row_id, True))
+            results.append(Result(key, True))
     return results

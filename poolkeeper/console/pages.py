@@ -41,6 +41,7 @@ from board import open_board
 from core import validate
 from core.errors import InvalidInput, PoolError, ProtocolError
 from core.settings import Settings
+from poolkeeper.console import lists as console_lists
 from poolkeeper.console import trends as console_trends
 from poolkeeper.console import views as views
 from poolkeeper.console.auth import CSRF_FIELD, VIEWER_REFUSED, ConsoleAuth, SignInRefused
@@ -62,12 +63,17 @@ HEADERS = {
 }
 ROW_ACTIONS = ("requeue", "abandon")
 TASK_ACTIONS = ("cancel", "unblock")
+TASK_BULK_ACTIONS = ("unblock", "requeue", "cancel")  # on many board tasks (``console_search``)
 DISPATCH_ACTIONS = ("pause", "resume")
 DONE = {
     "pause": "Paused: no new claims from the board; every claimed run goes on.",
     "pause-unsettled": "Paused, but a dispatch round in flight could not be seen to end (the console's"
     " log says why): its claims may still land. Every claimed run goes on.",
     "resume": "Resumed: the next tick claims ready tasks again.",
+    "pause-board": "Paused this board alone: no new claims from it; the other boards go on, and every"
+    " claimed run goes on.",
+    "resume-board": "Resumed this board: the next tick claims its ready tasks again.",
+    "add": "Added: the task is ready, and a dispatch was asked for.",
     "unchanged": "Unchanged: dispatch was already as asked.",
     "requeue": "Requeued: backoff and quarantine cleared; the next scan retries the row.",
     "abandon": "Abandoned: the run is parked on the board and the row is stale; its ordinal is free.",
@@ -271,8 +277,8 @@ def _row(screen: Screen, row: str) -> dict[str, Any]:
     return screen.pages.row(_row_id(row), time.time())
 
 
-def _board(screen: Screen, board: str = "") -> dict[str, Any]:
-    return screen.pages.board(board, time.time())
+def _board(screen: Screen, board: str = "", status: str = "") -> dict[str, Any]:
+    return screen.pages.board(board, time.time(), console_lists.task_status(status))
 
 
 # One line per page (its template, ``_``-prefixed for its live partial, and what it shows)
@@ -302,9 +308,11 @@ async def act_on_dispatch(screen: AnyScreen, action: str, form: CheckedForm) -> 
     def act() -> str:
         if action not in DISPATCH_ACTIONS:
             raise Refused(404, f"no action {action!r} on dispatch; one of {', '.join(DISPATCH_ACTIONS)}")
-        done = screen.pages.act_on_dispatch(action, form.get("reason", ""), time.time())
-        log.warning("console: dispatch %s by the operator from %s", action, _client(request))
-        return f"/ui/dispatch?done={done}"
+        board = form.get("board", "")
+        done = screen.pages.act_on_dispatch(action, form.get("reason", ""), time.time(), board)
+        what = f"dispatch of board {board}" if board else "dispatch"
+        log.warning("console: %s %s by the operator from %s", what, action, _client(request))
+        return f"/ui/board?board={quote(board)}&done={done}" if board else f"/ui/dispatch?done={done}"
 
     return await screen.act(act)
 
@@ -400,6 +408,20 @@ async def act_on_task(screen: AnyScreen, board: str, task: str, action: str, for
         screen.pages.act_on_task(action, board, task, time.time())
         log.warning("console: %s %s/%s by the operator from %s", action, board, task, _client(request))
         return f"/ui/board?board={quote(board)}&done={action}"
+
+    return await screen.act(act)
+
+
+@ui.post("/board/tasks", response_class=HTMLResponse)
+async def add_task(screen: AnyScreen, form: CheckedForm) -> Response:
+    """A new task from the board page's form (board, title, body), as ``poolctl board add``."""
+    request = screen.request
+
+    def act() -> str:
+        board = form.get("board", "").strip()
+        task_id = screen.pages.add_task(board, form.get("title", ""), form.get("body", ""))
+        log.warning("console: added %s/%s by the operator from %s", board, task_id, _client(request))
+        return f"/ui/board?board={quote(board)}&done=add"
 
     return await screen.act(act)
 

@@ -3,7 +3,7 @@
 Every row is turned into a plain dict inside its transaction, so templates
 never touch the database. The actions call what ``poolctl`` calls:
 ``store.transitions.requeue``, ``poolkeeper.operator.abandon`` and ``cancel``,
-``Board.unblock_task``, ``store.pause``. Each row action is recorded in the row's audit
+``Board.unblock_task`` and ``add_task``, ``store.pause``. Each row action is recorded in the row's audit
 trail as the operator's (``audit.OPERATOR``), as ``poolctl``'s are.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import redis
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from board import Board
+from board import Board, BoardTask, TaskStatus
 from core import shapes, validate
 from core.errors import InvalidInput, NotFound
 from core.settings import Settings
@@ -133,9 +133,14 @@ class Pages:
     def dispatch(self, now: float) -> dict[str, Any]:
         """Whether dispatch is paused, and its pauses and resumes (the pool-wide audit events)."""
         with self.store.session(readonly=True) as s:
-            found = pause.read(s)
+            found, boards = pause.read(s), pause.boards(s)
             history = audit.history(s, audit.POOL, limit=LIST_LIMIT)
-        return {"dispatch": dispatch_view(found, now), "history": history[::-1], "now": now}
+        return {
+            "dispatch": dispatch_view(found, boards, now),
+            "boards": self.kanban.list_boards(),
+            "history": history[::-1],
+            "now": now,
+        }
 
     def row(self, row_id: int, now: float) -> dict[str, Any]:
         with self.store.session(readonly=True) as s:
@@ -153,12 +158,13 @@ class Pages:
             "max_attempts": self.store.max_attempts,
         }
 
-    def board(self, name: str, now: float) -> dict[str, Any]:
+    def board(self, name: str, now: float, status: TaskStatus | None = None) -> dict[str, Any]:
+        """A board's first tasks (in ``status`` only, if given), their runs and rows, and its pause."""
         boards = self.kanban.list_boards()
         if name and name not in boards:
             raise NotFound(f"{name[: shapes.BOARD_CHARS]}: no such board")
         name = name or (boards[0] if boards else "")
-        tasks = self.kanban.list_tasks(name, limit=LIST_LIMIT) if name else []
+        tasks = self.kanban.list_tasks(name, status, limit=LIST_LIMIT) if name else []
         ids = [t.id for t in tasks]
         runs: dict[str, list[dict[str, Any]]] = {}
         for run in self.kanban.list_runs(name, ids):
@@ -166,6 +172,7 @@ class Pages:
         with self.store.session(readonly=True) as s:
             found = queries.rows_of_tasks(s, name, ids)
             by_run = {(r.task_id, r.run_id): row_view(r) for r in found}
+            paused = pause.boards(s).get(name)
         listed = [
             {
                 "task": t,
@@ -173,7 +180,16 @@ class Pages:
             }
             for t in tasks
         ]
-        return {"boards": boards, "board": name, "tasks": listed, "now": now, "limit": LIST_LIMIT}
+        return {
+            "boards": boards,
+            "board": name,
+            "status_filter": status.value if status else "",  # not "status": the response's own
+            "statuses": [s.value for s in TaskStatus],
+            "tasks": listed,
+            "board_paused": None if paused is None else dispatch_view(paused, {}, now),
+            "now": now,
+            "limit": LIST_LIMIT,
+        }
 
     def task(self, board: str, task_id: str) -> dict[str, Any]:
         try:
@@ -197,26 +213,62 @@ class Pages:
         else:
             operator.abandon(self.kanban, self.store, row_id, reason, now)
 
-    def act_on_dispatch(self, action: str, reason: str, now: float) -> str:
-        """Pause (with ``reason``) or resume dispatch, as ``poolctl``: the ``pages.DONE`` key to show."""
+    def act_on_dispatch(self, action: str, reason: str, now: float, board: str = "") -> str:
+        """Pause (with ``reason``) or resume dispatch, or one board's, as ``poolctl``: the ``pages.DONE``
+        key to show."""
+        named = board or None
         if action == "pause":
+            if named is not None and not self.kanban.has_board(named):  # a misspelt name pauses nothing
+                raise NotFound(f"{validate.label(named)}: no such board")
             with self.store.session() as s:
-                paused = pause.pause(s, reason, now=now, actor=audit.OPERATOR)
+                paused = pause.pause(s, reason, now=now, actor=audit.OPERATOR, board=named)
             if not paused:
                 return "unchanged"
             unsettled = dispatch_settled(self.settings)
             if unsettled:
                 log.warning("dispatch paused, but %s", unsettled)
-            return "pause-unsettled" if unsettled else "pause"
+            return "pause-unsettled" if unsettled else "pause-board" if named else "pause"
         with self.store.session() as s:
-            resumed = pause.resume(s, now=now, actor=audit.OPERATOR)
+            resumed = pause.resume(s, now=now, actor=audit.OPERATOR, board=named)
         task_ready(self.events)  # claims resume now, not at the next tick
-        return "resume" if resumed else "unchanged"
+        return ("resume-board" if named else "resume") if resumed else "unchanged"
 
-    def act_on_task(self, action: str, board: str, task_id: str, now: float) -> None:
-        self.task(board, task_id)  # a name that cannot exist is "no such task", like one that does not
+    def add_task(self, board: str, title: str, body: str) -> str:
+        """A new ready task on ``board`` (the pool's lane), as ``poolctl board add``: its id.
+
+        The board refuses what the pool could not run (an empty title, a body too long or not
+        JSON where it looks like it); a dispatch is asked for, so it is claimed at once.
+        """
+        task_id = self.kanban.add_task(board, title, body, lane=self.settings.lane)
+        task_ready(self.events)
+        return task_id
+
+    def act_on_task(self, action: str, board: str, task_id: str, now: float, reason: str = "") -> None:
+        """Cancel, unblock or requeue a board task as ``poolctl board`` does (``reason``: on its row).
+
+        Requeue is the pool's retry of a running task's run (``transitions.requeue`` of its live
+        row); the board has no move that runs a ready, blocked or done task again but unblock.
+        """
+        task = self.task(board, task_id)["task"]  # a name that cannot exist is "no such task"
         if action == "cancel":
-            operator.cancel(self.kanban, self.store, board, task_id, now)
-        else:
+            operator.cancel(self.kanban, self.store, board, task_id, now, reason=reason)
+        elif action == "unblock":
             self.kanban.unblock_task(board, task_id)
             task_ready(self.events)
+        else:
+            with self.store.session() as s:
+                run = task.current_run_id
+                row = None if run is None else queries.row_of_run(s, board, task_id, run)
+                if task.status is not TaskStatus.RUNNING or row is None:
+                    raise InvalidInput("task", _not_requeued(task))
+                transitions.requeue(s, row, now=now, actor=audit.OPERATOR, reason=reason)
+
+
+def _not_requeued(task: BoardTask) -> str:
+    why = {
+        TaskStatus.READY: "it is ready already: the pool claims it at its turn",
+        TaskStatus.BLOCKED: "it is blocked: unblock it to run it again",
+        TaskStatus.DONE: "it is done: the board has no move out of done (add it again as a new task)",
+        TaskStatus.RUNNING: "its run has no live pool row yet",
+    }[task.status]
+    return f"{task.board}/{task.id} is not requeued: {why}"

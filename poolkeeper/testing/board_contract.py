@@ -159,6 +159,16 @@ class BoardContract:
         assert board.claim_ready(2, assignee="pool", lane="pool", request_id="req-1") == first
         assert [c.task_id for c in board.claim_ready(5, assignee="pool", lane="pool")] == ["t2"]
 
+    def test_a_claim_skips_the_boards_it_is_told_to(self, board: Board) -> None:
+        for name in ("a", "b", "c"):
+            board.add_task(name, f"on {name}", task_id=f"t{name}")
+        got = board.claim_ready(5, assignee="pool", lane="pool", skip_boards=["b", "c"])
+        assert [(c.board, c.task_id) for c in got] == [("a", "ta")]
+        assert {t.id for t in board.list_tasks(status=TaskStatus.READY)} == {"tb", "tc"}  # left ready
+        assert [c.board for c in board.claim_ready(5, assignee="pool", lane="pool", skip_boards=["c"])] == [
+            "b"
+        ]
+
     def test_complete_and_block_act_on_the_exact_run_only(self, board: Board) -> None:
         board.add_task("b", "x", task_id="t1")
         [(_, _, run)] = claim(board)

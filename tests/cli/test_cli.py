@@ -476,6 +476,34 @@ def test_pause_and_resume_dispatch_show_in_status_and_the_audit_trail(tmp_path: 
     assert events == [(0, "pause", "operator", "deploy 42"), (0, "resume", "operator", None)]
 
 
+def test_a_board_pauses_and_resumes_on_its_own_in_status_and_the_audit_trail(tmp_path: Path) -> None:
+    # Given a store and two boards
+    ok(tmp_path, "init")
+    for board in ("b", "c"):
+        ok(tmp_path, "board", "add", board, "a task")
+    # When board "b" is paused alone, status names it (and only it), and dispatch as a whole runs
+    said = ok(tmp_path, "pause", "--board", "b", "--reason", "move b")
+    assert "dispatch of board b paused: move b" in said and "`poolctl resume --board b` ends it" in said
+    assert "already paused: move b (unchanged)" in ok(tmp_path, "pause", "--board", "b", "--reason", "x")
+    status = as_json(tmp_path, "status")["dispatch"]
+    assert status["paused"] is False
+    assert [(b["board"], b["paused"], b["reason"], b["by"]) for b in status["boards"]] == [
+        ("b", True, "move b", "operator")
+    ]
+    assert "dispatch of b" in ok(tmp_path, "status") and "PAUSED by operator" in ok(tmp_path, "status")
+    # and a board that does not exist is refused, in one line, with nothing written
+    refused = poolctl(tmp_path, "pause", "--board", "nosuch", "--reason", "typo")
+    assert refused.returncode != 0 and refused.stderr.strip() == "poolctl: nosuch: no such board"
+    # Then the pool-wide resume leaves it paused; resuming the board ends it
+    assert ok(tmp_path, "resume").strip() == "dispatch was not paused (unchanged)"
+    assert ok(tmp_path, "resume", "--board", "b").strip() == "dispatch of board b resumed"
+    assert ok(tmp_path, "resume", "--board", "b").strip() == "dispatch of board b was not paused (unchanged)"
+    assert as_json(tmp_path, "status")["dispatch"]["boards"] == []
+    with sqlite3.connect(tmp_path / "pool.db") as db:
+        events = db.execute("SELECT row_id, kind, detail FROM audit_events ORDER BY id").fetchall()
+    assert events == [(0, "pause", "board b: move b"), (0, "resume", "board b")]
+
+
 def test_piped_output_keeps_long_values_whole_and_history_shows_milliseconds(tmp_path: Path) -> None:
     ok(tmp_path, "init")
     reason = "deploy 42: " + "the database moves to its new host, then the workers follow " * 2

@@ -107,6 +107,28 @@ def test_while_paused_dispatch_claims_nothing_says_so_once_and_claimed_runs_go_o
     assert len(dispatched(plane)) == 1 and kanban.counts_by_status()["ready"] == 0
 
 
+def test_a_paused_board_gives_nothing_while_the_others_are_claimed(plane: Plane, kanban: Board) -> None:
+    # Given board "b" paused on its own, and ready tasks on "b" and on "c"
+    with plane.store.session() as s:
+        assert pause.pause(s, "migrating b", now=NOW, actor=audit.OPERATOR, board="b")
+        assert not pause.pause(s, "again", now=NOW, actor=audit.OPERATOR, board="b")  # unchanged
+    for board in ("b", "c"):
+        for i in range(2):
+            kanban.add_task(board, f"{board}{i}", task_id=f"{board}{i}")
+    # When dispatch ticks with three free ordinals, it claims only "c"'s two, and "b"'s stay ready
+    assert sorted((c["board"], c["task_id"]) for c in dispatched(plane)) == [("c", "c0"), ("c", "c1")]
+    assert {t.id for t in kanban.list_tasks("b")} == {"b0", "b1"}
+    assert all(t.status.value == "ready" for t in kanban.list_tasks("b"))
+    # Then resuming "b" alone (the pool-wide pause untouched) lets the next tick claim one of them
+    with plane.store.session() as s:
+        assert not pause.resume(s, now=NOW + 1, actor=audit.OPERATOR)  # the pool was not paused
+        assert pause.resume(s, now=NOW + 1, actor=audit.OPERATOR, board="b")
+        assert pause.boards(s) == {}
+        kinds = [(e["kind"], e["detail"]) for e in audit.history(s, audit.POOL)]
+    assert [c["board"] for c in dispatched(plane)] == ["b"]
+    assert kinds == [("pause", "board b: migrating b"), ("resume", "board b")]
+
+
 def waiting_claim(plane: Plane, kanban: Board, task_id: str) -> dict[str, Any]:
     """Every ordinal busy, and a claim of ``task_id`` on a taken ordinal that found none free: it waits."""
     job = claim_on_a_taken_ordinal(plane, kanban, task_id)

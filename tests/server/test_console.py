@@ -429,6 +429,118 @@ def test_a_board_task_is_unblocked_and_cancelled_from_the_board_page(
     assert row_state(console.store, row)["state"] == "stale"
 
 
+def parked(console: Console, task_id: str, why: str = "the model server was down") -> None:
+    """A task the pool claimed and parked on board b (``blocked``), as a capability failure leaves it."""
+    console.kanban.add_task("b", f"task {task_id}", task_id=task_id)
+    [claim] = console.kanban.claim_ready(1, assignee=console.settings.assignee, lane=console.settings.lane)
+    assert console.kanban.block_task("b", task_id, why, "capability", claim.run_id)
+
+
+def test_twelve_tasks_blocked_by_one_cause_are_unblocked_in_one_confirmed_action(
+    driver: WebDriver, console: Console
+) -> None:
+    """Issue 29's twelve confirmations: filter the board to blocked, "Unblock all", confirm once."""
+    tasks = [f"p{n:02d}" for n in range(12)]
+    for task_id in tasks:
+        parked(console, task_id)
+    console.kanban.add_task("b", "waiting", task_id="ready1")
+    signed_in(driver, console, then="/ui/board?board=b")
+    driver.find_element(By.ID, "status-blocked").click()
+    until("the blocked tasks", lambda: "status=blocked" in driver.current_url, driver=driver)
+    shown = [tr.get_attribute("data-task") for tr in driver.find_elements(By.CSS_SELECTOR, "#tasks tbody tr")]
+    assert shown == tasks
+    driver.find_element(By.ID, "bulk-all-unblock").click()
+    until("the confirmation", lambda: "/ui/bulk/tasks/unblock?" in driver.current_url, driver=driver)
+    assert driver.find_element(By.TAG_NAME, "h1").text == "Unblock 12 tasks of board b?"
+    assert "12 tasks match on board b, status blocked" in driver.find_element(By.ID, "bulk-count").text
+    listed = driver.find_elements(By.CSS_SELECTOR, "#bulk-tasks tbody tr")
+    assert [tr.get_attribute("data-task") for tr in listed] == tasks
+    driver.find_element(By.ID, "reason").send_keys("the model server is back")
+    driver.find_element(By.ID, "confirm").click()
+    until("the results", lambda: "12 unblocked, 0 refused" in message_of(driver), driver=driver)
+    assert len(driver.find_elements(By.CSS_SELECTOR, '#bulk-results tr[data-done="yes"]')) == 12
+    assert {t.id for t in console.kanban.list_tasks("b", TaskStatus.READY)} == {*tasks, "ready1"}
+    driver.find_element(By.ID, "to-board").click()
+    until("the board", lambda: driver.current_url == f"{console.url}/ui/board?board=b", driver=driver)
+
+
+def message_of(driver: WebDriver) -> str:
+    return str(driver.find_element(By.ID, "notice").text)
+
+
+def test_ticked_tasks_stay_ticked_through_a_live_refresh_and_are_cancelled(
+    driver: WebDriver, console: Console
+) -> None:
+    for task_id in ("t1", "t2", "t3"):
+        console.kanban.add_task("b", f"task {task_id}", task_id=task_id)
+    signed_in(driver, console, then="/ui/board?board=b")
+    driver.find_element(By.ID, "tick-t1").click()
+    driver.find_element(By.ID, "tick-t3").click()
+    # a live refresh swaps the table in (a new task shows up): the ticks are kept
+    console.kanban.add_task("b", "arrived meanwhile", task_id="t4")
+    until("the refresh", lambda: driver.find_elements(By.ID, "tick-t4"), driver=driver)
+    assert [driver.find_element(By.ID, f"tick-{t}").is_selected() for t in ("t1", "t2", "t3", "t4")] == [
+        True,
+        False,
+        True,
+        False,
+    ]
+    driver.find_element(By.ID, "bulk-cancel").click()
+    until("the confirmation", lambda: "/ui/bulk/tasks/cancel?" in driver.current_url, driver=driver)
+    listed = driver.find_elements(By.CSS_SELECTOR, "#bulk-tasks tbody tr")
+    assert [tr.get_attribute("data-task") for tr in listed] == ["t1", "t3"]
+    driver.find_element(By.ID, "reason").send_keys("duplicates")
+    driver.find_element(By.ID, "confirm").click()
+    until("the results", lambda: "2 cancelled, 0 refused" in message_of(driver), driver=driver)
+    status = {t.id: t.status for t in console.kanban.list_tasks("b")}
+    assert status == {
+        "t1": TaskStatus.DONE,
+        "t2": TaskStatus.READY,
+        "t3": TaskStatus.DONE,
+        "t4": TaskStatus.READY,
+    }
+
+
+def test_a_task_is_added_from_the_board_page_and_a_dispatch_is_asked_for(
+    driver: WebDriver, console: Console, redis_server: RedisServer
+) -> None:
+    console.kanban.add_task("b", "first", task_id="t1")
+    wanted = f"{console.settings.namespace}:wanted:materialize"
+    redis_server.client().delete(wanted)
+    signed_in(driver, console, then="/ui/board?board=b")
+    driver.find_element(By.ID, "add-title").send_keys("resize the images")
+    driver.find_element(By.ID, "add-body").send_keys('{"size": 512}')
+    driver.find_element(By.ID, "add-task").click()
+    until("the notice", lambda: "Added" in message_of(driver), driver=driver)
+    [added] = [t for t in console.kanban.list_tasks("b") if t.id != "t1"]
+    assert (added.title, added.body, added.status) == ("resize the images", '{"size": 512}', TaskStatus.READY)
+    assert driver.find_elements(By.CSS_SELECTOR, f'#tasks tr[data-task="{added.id}"]')
+    assert redis_server.client().exists(wanted), "no dispatch was asked for"
+    # a blank title is refused in one sentence, and nothing is added
+    driver.find_element(By.ID, "add-title").send_keys("   ")
+    driver.find_element(By.ID, "add-task").click()
+    until("the refusal", lambda: "title: must not be empty" in message(driver), driver=driver)
+    assert "Nothing was changed" in message(driver) and len(console.kanban.list_tasks("b")) == 2
+
+
+def test_a_board_is_paused_alone_from_its_page_and_resumed(driver: WebDriver, console: Console) -> None:
+    console.kanban.add_task("b", "on b", task_id="t1")
+    console.kanban.add_task("c", "on c", task_id="t2")
+    signed_in(driver, console, then="/ui/board?board=b")
+    driver.find_element(By.ID, "board-pause-reason").send_keys("moving b")
+    driver.find_element(By.ID, "board-pause").click()
+    until("the notice", lambda: "Paused this board alone" in message_of(driver), driver=driver)
+    assert "moving b" in driver.find_element(By.ID, "board-paused").text
+    status = json.loads(console.poolctl("status", "--json"))["dispatch"]
+    assert status["paused"] is False and [b["board"] for b in status["boards"]] == ["b"]
+    driver.get(f"{console.url}/ui/dispatch")
+    assert "moving b" in driver.find_element(By.ID, "paused-board-b").text
+    driver.find_element(By.ID, "resume-board-b").click()
+    until("the notice", lambda: "Resumed this board" in message_of(driver), driver=driver)
+    assert driver.find_elements(By.ID, "board-paused") == []
+    assert json.loads(console.poolctl("status", "--json"))["dispatch"]["boards"] == []
+
+
 def test_a_board_opens_at_its_path_as_at_its_query(console: Console) -> None:
     console.kanban.add_task("b", "a task at the path", task_id="atpath")
     with httpx.Client(base_url=console.url, follow_redirects=True) as http:
@@ -564,6 +676,9 @@ def test_a_viewer_sees_no_action_in_the_browser(driver: WebDriver, console: Cons
     assert "changes nothing" in driver.find_element(By.ID, "viewer-no-actions").text
     driver.get(f"{console.url}/ui/board")
     assert driver.find_elements(By.CSS_SELECTOR, "#main a.button") == []
+    assert (
+        driver.find_elements(By.CSS_SELECTOR, "#main input[type=checkbox], #main form, #bulk-unblock") == []
+    )
     driver.get(f"{console.url}/ui/dispatch")
     assert driver.find_elements(By.CSS_SELECTOR, "#main form, #reason") == []
     driver.get(f"{console.url}/ui/rows?quarantined=1")

@@ -6,6 +6,7 @@ The browser's side (typing a search, ticking all matching and confirming) is in 
 from __future__ import annotations
 
 import dataclasses
+import html
 import re
 from collections.abc import Iterator
 
@@ -13,12 +14,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from board import Board
+from board import Board, TaskStatus
 from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.console import lists as console_lists
 from poolkeeper.serve import create_app
-from store import PoolStore, audit
+from store import PoolStore, audit, pause
 from store.models import EventKind, RowState
 from tests.factories import RowFactory, WithoutSearch, row_state
 
@@ -340,3 +341,207 @@ def test_a_board_that_cannot_search_says_so_and_rows_are_still_found(
     assert page.status_code == 200 and listed(page.text, "found-rows") == [row]
     note = page.text.split('id="tasks-note">', 1)[1].split("<", 1)[0]
     assert note == "Tasks are not searched: this board (WithoutSearch) cannot search its tasks."
+
+
+# --- bulk actions on board tasks ---------------------------------------------------------------
+
+
+def blocked(kanban: Board, settings: Settings, board: str, task_id: str, why: str = "needs a human") -> None:
+    """A task the pool claimed and parked (``blocked``), as a capability failure leaves it."""
+    kanban.add_task(board, f"task {task_id}", task_id=task_id)
+    [claim] = kanban.claim_ready(1, assignee=settings.assignee, lane=settings.lane)
+    assert claim.task_id == task_id and kanban.block_task(board, task_id, why, "capability", claim.run_id)
+
+
+def digest_of(page: str) -> str:
+    return page.split('name="digest" value="', 1)[1].split('"', 1)[0]
+
+
+def tasks_listed(page: str, table: str = "bulk-tasks") -> list[str]:
+    body = page.split(f'id="{table}"', 1)[1].split("</table>", 1)[0]
+    return re.findall(r'<tr data-task="([^"]+)"', body)
+
+
+def task_results(page: str) -> dict[str, str]:
+    return dict(re.findall(r'<tr data-task="([^"]+)" data-done="(yes|no)"', page))
+
+
+def test_all_blocked_tasks_of_a_board_are_unblocked_in_one_confirmed_action(
+    http: TestClient, settings: Settings, kanban: Board
+) -> None:
+    # Given twelve tasks parked by one cause on board b, one ready there, and one parked on board c
+    parked = [f"p{n:02d}" for n in range(12)]
+    for task_id in parked:
+        blocked(kanban, settings, "b", task_id, "the model server was down")
+    blocked(kanban, settings, "c", "elsewhere")
+    kanban.add_task("b", "waiting", task_id="ready1")
+    board_page = http.get("/ui/board", params={"board": "b", "status": "blocked"}).text
+    assert 'id="bulk-all-unblock"' in board_page and 'id="tick-p00"' in board_page
+    assert 'data-task="ready1"' not in board_page  # the filter shows the blocked ones only
+    # When the operator confirms "unblock all blocked" once, with a reason
+    query = {"board": "b", "all": "1", "status": "blocked"}
+    confirm = http.get("/ui/bulk/tasks/unblock", params=query)
+    assert confirm.status_code == 200 and "Unblock 12 tasks of board b?" in confirm.text
+    assert "12 tasks match on board b, status blocked" in confirm.text
+    assert tasks_listed(confirm.text) == parked
+    assert all(t.status.value == "blocked" for t in kanban.list_tasks("b") if t.id != "ready1")  # not yet
+    form = {**query, "csrf": csrf(http), "digest": digest_of(confirm.text), "reason": "model server back"}
+    done = http.post("/ui/bulk/tasks/unblock", data=form)
+    # Then each of the twelve is ready again, each reported; the other board's is untouched
+    assert done.status_code == 200 and "12 unblocked, 0 refused" in done.text, done.text[-800:]
+    assert task_results(done.text) == dict.fromkeys(parked, "yes")
+    assert {t.id for t in kanban.list_tasks("b", TaskStatus.READY)} == {*parked, "ready1"}
+    assert kanban.get_task("c", "elsewhere").status is TaskStatus.BLOCKED  # type: ignore[union-attr]
+    # and the same confirmation again names nothing it named: refused, nothing changed
+    again = http.post("/ui/bulk/tasks/unblock", data=form)
+    assert again.status_code == 409 and "tasks this names changed since the confirmation" in again.text
+
+
+def test_ticked_tasks_are_acted_on_each_and_every_refusal_says_why(
+    http: TestClient, settings: Settings, store: PoolStore, kanban: Board
+) -> None:
+    # Given a parked task, a ready one, one that is done, a running one with its pool row, and a typo
+    blocked(kanban, settings, "b", "parked")
+    kanban.add_task("b", "in flight", task_id="live")
+    [claim] = kanban.claim_ready(1, assignee=settings.assignee, lane=settings.lane)
+    kanban.add_task("b", "waiting", task_id="waiting")
+    kanban.add_task("b", "finished", task_id="finished")
+    kanban.cancel_task("b", "finished")
+    store.add_run(board="b", task_id="live", run_id=claim.run_id, ordinal=0, payload={"t": 1})
+    with store.session(readonly=True) as s:
+        row = int(s.execute(text("SELECT id FROM assignments WHERE task_id='live'")).scalar_one())
+    failing(store, row, POISON)
+    ticked = ["parked", "waiting", "finished", "live", "no-such"]
+    # When they are unblocked, each refusal is its task's own
+    confirm = http.get("/ui/bulk/tasks/unblock", params={"board": "b", "task": ticked}).text
+    assert "5 tasks ticked" in confirm and tasks_listed(confirm) == sorted(ticked)
+    assert "no such task" in confirm
+    fields = {"board": "b", "tasks": ",".join(sorted(ticked)), "csrf": csrf(http), "reason": "retry"}
+    done = http.post("/ui/bulk/tasks/unblock", data={**fields, "digest": digest_of(confirm)}).text
+    assert "1 unblocked, 4 refused" in done
+    assert task_results(done) == {
+        "finished": "no",
+        "live": "no",
+        "no-such": "no",
+        "parked": "yes",
+        "waiting": "no",
+    }
+    assert "b/no-such: no such task" in done
+    # and requeued: only the running task's row is, the others are refused with the board's reason
+    confirm = http.get("/ui/bulk/tasks/requeue", params={"board": "b", "task": ticked}).text
+    done = http.post("/ui/bulk/tasks/requeue", data={**fields, "digest": digest_of(confirm)}).text
+    assert task_results(done)["live"] == "yes" and "1 requeued, 4 refused" in done
+    assert "b/finished is not requeued: it is done: the board has no move out of done" in done
+    assert "b/waiting is not requeued: it is ready already" in done
+    assert not row_state(store, row)["quarantined"]
+    with store.session(readonly=True) as s:
+        last = audit.history(s, row)[-1]
+    assert (last["kind"], last["actor"]) == ("requeue", "operator") and last["detail"].startswith("retry: ")
+    # and cancelled: the running one's row turns stale with the reason on its trail; done stays done
+    confirm = http.get("/ui/bulk/tasks/cancel", params={"board": "b", "task": ["live", "finished"]}).text
+    fields = {**fields, "tasks": "finished,live", "reason": "not wanted any more"}
+    done = http.post("/ui/bulk/tasks/cancel", data={**fields, "digest": digest_of(confirm)}).text
+    assert task_results(done) == {"finished": "no", "live": "yes"}
+    assert row_state(store, row)["state"] == "stale"
+    with store.session(readonly=True) as s:
+        last = audit.history(s, row)[-1]
+    assert last["kind"] == EventKind.CANCEL and "not wanted any more" in last["detail"]
+
+
+def test_a_bulk_on_tasks_is_capped_needs_a_reason_and_refuses_bad_names(
+    http: TestClient, settings: Settings, kanban: Board, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(console_lists, "BULK_CAP", 2)
+    for n in range(3):
+        blocked(kanban, settings, "b", f"t{n}")
+    query = {"board": "b", "all": "1", "status": "blocked"}
+    confirm = http.get("/ui/bulk/tasks/cancel", params=query).text
+    assert "Cancel 2 tasks of board b?" in confirm and "more than 2 tasks match" in confirm
+    assert "the first 2 by age (at most 2 tasks per action" in confirm and tasks_listed(confirm) == [
+        "t0",
+        "t1",
+    ]
+    reasonless = {**query, "csrf": csrf(http), "digest": digest_of(confirm), "reason": " "}
+    got = http.post("/ui/bulk/tasks/cancel", data=reasonless)
+    assert got.status_code == 422 and "needs a reason" in got.text
+    assert all(t.status is TaskStatus.BLOCKED for t in kanban.list_tasks("b"))
+    for params, why in (
+        ({"board": "b", "task": "a b"}, "task"),
+        ({"board": "", "task": "t0"}, "board"),
+        ({"board": "b"}, "no task selected"),
+        ({"board": "b", "all": "1", "status": "stuck"}, "unknown status 'stuck'; one of ready, running"),
+    ):
+        got = http.get("/ui/bulk/tasks/unblock", params=params)
+        assert got.status_code == 422 and why in html.unescape(got.text), (params, got.text[-500:])
+    assert http.get("/ui/bulk/tasks/abandon", params={"board": "b", "task": "t0"}).status_code == 404
+
+
+def test_a_viewer_sees_no_bulk_or_add_control_on_a_board_and_is_refused(
+    http: TestClient, settings: Settings, kanban: Board
+) -> None:
+    blocked(kanban, settings, "b", "t1")
+    http.post("/ui/login", data={"token": tokens.viewer_token(SECRET)})
+    page = http.get("/ui/board", params={"board": "b"}).text
+    assert "bulk" not in page and 'type="checkbox"' not in page and 'id="add-form"' not in page
+    assert 'id="board-pause-form"' not in page
+    for action in ("unblock", "requeue", "cancel"):
+        got = http.get(f"/ui/bulk/tasks/{action}", params={"board": "b", "task": "t1"})
+        assert got.status_code == 403 and "changes nothing" in got.text
+        form = {"csrf": csrf(http), "board": "b", "tasks": "t1", "digest": "x", "reason": "r"}
+        got = http.post(f"/ui/bulk/tasks/{action}", data=form)
+        assert got.status_code == 403 and "changes nothing" in got.text
+    got = http.post("/ui/board/tasks", data={"csrf": csrf(http), "board": "b", "title": "sneaky"})
+    assert got.status_code == 403 and [t.id for t in kanban.list_tasks("b")] == ["t1"]
+    assert kanban.get_task("b", "t1").status is TaskStatus.BLOCKED  # type: ignore[union-attr]
+
+
+# --- adding a task, pausing a board ------------------------------------------------------------
+
+
+def test_a_task_is_added_from_the_board_page_and_bad_input_is_refused_in_one_line(
+    http: TestClient, kanban: Board
+) -> None:
+    form = {"csrf": csrf(http), "board": "b", "title": "resize the images", "body": '{"size": 512}'}
+    got = http.post("/ui/board/tasks", data=form, follow_redirects=False)
+    assert got.status_code == 303 and got.headers["location"] == "/ui/board?board=b&done=add"
+    [task] = kanban.list_tasks("b")
+    assert (task.title, task.body, task.status) == ("resize the images", '{"size": 512}', TaskStatus.READY)
+    assert "Added: the task is ready" in http.get(got.headers["location"]).text
+    for changed, why in (
+        ({"title": "  "}, "title: must not be empty"),
+        ({"body": "{not json"}, "body: looks like JSON but is not"),
+        ({"board": "a b"}, "board"),
+        ({"title": "x" * 4001}, "the form field title is longer than 4000 characters"),
+    ):
+        got = http.post("/ui/board/tasks", data={**form, **changed})
+        assert got.status_code == 422 and why in got.text and "Nothing was changed" in got.text, got.text[
+            -600:
+        ]
+        assert "Traceback" not in got.text
+    assert len(kanban.list_tasks()) == 1
+
+
+def test_a_board_is_paused_and_resumed_from_its_page_and_named_on_the_dispatch_page(
+    http: TestClient, store: PoolStore, kanban: Board
+) -> None:
+    kanban.add_task("b", "a task", task_id="t1")
+    form = {"csrf": csrf(http), "board": "b", "reason": "moving b"}
+    got = http.post("/ui/dispatch/pause", data=form, follow_redirects=False)
+    assert got.status_code == 303 and got.headers["location"] == "/ui/board?board=b&done=pause-board"
+    page = http.get(got.headers["location"]).text
+    assert "Paused this board alone" in page and "Dispatch of board b is paused</strong> by operator" in page
+    assert 'id="board-resume"' in page
+    with store.session(readonly=True) as s:
+        assert list(pause.boards(s)) == ["b"] and not pause.read(s).paused
+    dispatch = http.get("/ui/dispatch").text
+    assert 'id="paused-board-b"' in dispatch and "moving b" in dispatch
+    missing = http.post("/ui/dispatch/pause", data={**form, "board": "nosuch"})
+    assert missing.status_code == 404 and "nosuch: no such board" in missing.text
+    got = http.post("/ui/dispatch/resume", data={"csrf": form["csrf"], "board": "b"}, follow_redirects=False)
+    assert got.headers["location"] == "/ui/board?board=b&done=resume-board"
+    with store.session(readonly=True) as s:
+        assert pause.boards(s) == {}
+        assert [(e["kind"], e["detail"]) for e in audit.history(s, audit.POOL)] == [
+            ("pause", "board b: moving b"),
+            ("resume", "board b"),
+        ]

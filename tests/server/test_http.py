@@ -27,7 +27,7 @@ from core.settings import Settings
 from poolkeeper import tokens
 from poolkeeper.embedded import ServeProc, free_port, wait_for
 from poolkeeper.workerhost.client import Grant, PoolClient
-from store import PoolStore
+from store import PoolStore, audit, pause
 from tests.factories import row_state
 
 SECRET = "test-secret-" + "0123456789abcdef" * 3
@@ -448,6 +448,13 @@ def test_the_operator_token_guards_admin_reads(served: Served) -> None:
         op = httpx.get(f"{served.url}/v1/status", headers={"Authorization": f"Bearer {token}"})
         assert op.status_code == 200 and op.json()["rows"]["running"] == 1, op.text
         assert op.json()["free_ordinals"] == [1, 2] and op.json()["dispatch_paused"] is False
+        assert op.json()["paused_boards"] == []
+    with served.store.session() as s:
+        pause.pause(s, "move b", now=time.time(), actor=audit.OPERATOR, board="b")
+    op = httpx.get(
+        f"{served.url}/v1/status", headers={"Authorization": f"Bearer {tokens.viewer_token(SECRET)}"}
+    )
+    assert (op.json()["dispatch_paused"], op.json()["paused_boards"]) == (False, ["b"])
     forged = httpx.get(f"{served.url}/v1/status", headers={"Authorization": "Bearer view." + "0" * 64})
     assert forged.status_code == 401
 

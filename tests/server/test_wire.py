@@ -67,6 +67,7 @@ LENGTHS = {
     "child_id": store_models.CHILD_ID_LENGTH,
     "under": store_models.CHILD_ID_LENGTH,
     "task_ids": shapes.TASK_ID_CHARS,  # each of a list's
+    "skip_boards": shapes.BOARD_CHARS,  # each of a list's (the list itself: at most shapes.SKIP_BOARDS)
     "name": shapes.BOARD_CHARS,  # the board API's paths name a board so
     "title": validate.MAX_DOCUMENT_BYTES,  # a task's title and body: the run's payload bounds them together
     "body": validate.MAX_DOCUMENT_BYTES,

@@ -65,3 +65,48 @@ def test_the_gauge_says_whether_dispatch_is_paused(store: PoolStore) -> None:
     with store.session() as s:
         pause.pause(s, "incident", now=NOW, actor=audit.OPERATOR)
     assert gauge() == 1
+
+
+def test_a_board_pauses_and_resumes_on_its_own_and_the_pool_apart(store: PoolStore) -> None:
+    # Given the pool paused and board "b" paused on its own
+    with store.session() as s:
+        assert pause.pause(s, "deploy", now=NOW, actor=audit.OPERATOR)
+        assert pause.pause(s, " move b ", now=NOW + 1, actor=audit.OPERATOR, board="b") is True
+        assert pause.pause(s, "again", now=NOW + 2, actor=audit.OPERATOR, board="b") is False
+    # When the pool resumes, "b" stays paused, with its own reason, actor and time
+    with store.session() as s:
+        assert pause.resume(s, now=NOW + 3, actor=audit.OPERATOR)
+        assert pause.boards(s) == {"b": pause.Pause(True, "move b", "operator", NOW + 1)}
+        assert numbers.read(s, store.pool_size).paused_boards.keys() == {"b"}
+        assert pause.resume(s, now=NOW + 4, actor=audit.OPERATOR, board="c") is False  # never paused
+    # Then resuming "b" ends it; each change left one event, a board's naming it
+    with store.session() as s:
+        assert pause.resume(s, now=NOW + 5, actor=audit.OPERATOR, board="b") is True
+        assert pause.boards(s) == {}
+    assert [(kind, detail) for kind, _, detail, _ in _events(store)] == [
+        ("pause", "deploy"),
+        ("pause", "board b: move b"),
+        ("resume", None),
+        ("resume", "board b"),
+    ]
+
+
+@pytest.mark.parametrize("board", ["", "a b", "x" * 65, "a\x00b"])
+def test_a_board_pause_names_a_board_that_can_exist(store: PoolStore, board: str) -> None:
+    with store.session() as s, pytest.raises(InvalidInput, match="board"):
+        pause.pause(s, "why", now=NOW, actor=audit.OPERATOR, board=board)
+    assert _events(store) == []
+
+
+def test_the_board_gauge_names_each_paused_board(store: PoolStore) -> None:
+    def paused() -> dict[str, float]:
+        found = {m.name: m for m in StoreCollector(store).collect()}
+        return {m.labels["board"]: m.value for m in found["poolkeeper_board_dispatch_paused"].samples}
+
+    assert paused() == {}
+    with store.session() as s:
+        pause.pause(s, "incident", now=NOW, actor=audit.OPERATOR, board="b")
+    assert paused() == {"b": 1}
+    with store.session() as s:
+        pause.resume(s, now=NOW, actor=audit.OPERATOR, board="b")
+    assert paused() == {}

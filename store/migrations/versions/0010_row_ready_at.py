@@ -1,7 +1,7 @@
 """a row keeps when the board said its task turned ready (ready_at): the claim's wait, durable
 
-Revision ID: 0011
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 """
 
 from collections.abc import Sequence
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0011'
-down_revision: str | None = '0008'
+revision: str = '0010'
+down_revision: str | None = '0009'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
