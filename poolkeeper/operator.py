@@ -43,7 +43,7 @@ class Abandoned:
 
 
 def cancel(
-    kanban: Board, store: PoolStore, board: str, task_id: str, now: float, *, reason: str = ""
+    board: Board, store: PoolStore, board_name: str, task_id: str, now: float, *, reason: str = ""
 ) -> Cancelled:
     """Cancel the task on the board, then make its run's live row ``stale`` (``reason``, when
     given, on the row's audit trail).
@@ -52,14 +52,14 @@ def cancel(
     after the cancel cannot undo it: the result says the row is left to
     reconcile, which settles it on the board's word.
     """
-    task = kanban.cancel_task(board, task_id)
+    task = board.cancel_task(board_name, task_id)
     if task.current_run_id is None:
         return Cancelled(task, None)
     try:
         with store.session() as s:
             settled = transitions.settle_run(
                 s,
-                board=board,
+                board=board_name,
                 task_id=task_id,
                 run_id=task.current_run_id,
                 to=RowState.STALE,

@@ -42,7 +42,7 @@ def redis_reader(settings: Settings) -> tuple[redis.Redis | None, str]:
 
 def snapshot(
     store: PoolStore,
-    kanban: Board,
+    board: Board,
     settings: Settings,
     client: redis.Redis | None,
     now: float,
@@ -52,8 +52,8 @@ def snapshot(
     with store.session(readonly=True) as s:
         found = numbers.read(s, store.pool_size)
     try:
-        kanban.require_schema()  # the board's own check: away, refusing, or not set up (one line)
-        board_counts: dict[str, int] | None = kanban.counts_by_status()
+        board.require_schema()  # the board's own check: away, refusing, or not set up (one line)
+        board_counts: dict[str, int] | None = board.counts_by_status()
         board_error = ""
     except PoolError as err:  # away, busy or refusing: a bug in the backend still surfaces
         board_counts, board_error = None, f"{type(err).__name__}: {err}"

@@ -38,14 +38,14 @@ class Plane:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, store: PoolStore | None = None, kanban: Board | None = None
+        cls, settings: Settings, store: PoolStore | None = None, board: Board | None = None
     ) -> Plane:
         """The plane on ``settings``, on the store and board given (else opened from the settings).
 
         A Redis URL that cannot work is a ``ConfigError``; nothing connects yet.
         """
         store = store or PoolStore.from_settings(settings)
-        board = with_faults(kanban or open_board(settings), settings)
+        board = with_faults(board or open_board(settings), settings)
         return cls(settings, store, board, coordination(settings))
 
 

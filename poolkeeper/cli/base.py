@@ -94,15 +94,15 @@ def _store(access: Access = "read") -> PoolStore:
     return store
 
 
-def _kanban(access: Access = "read") -> Board:
+def _board(access: Access = "read") -> Board:
     from board import open_board
 
-    kanban = open_board(_settings())
+    board = open_board(_settings())
     if access == "create":
-        kanban.require_creatable()
+        board.require_creatable()
     else:
-        kanban.require_schema(writable=access == "write")
-    return kanban
+        board.require_schema(writable=access == "write")
+    return board
 
 
 def _emit(data: Any, table: Table | Tree | Text | str, as_json: bool) -> None:

@@ -20,8 +20,8 @@ from poolkeeper.cli.base import (
     JsonOpt,
     MaxConnectionsOpt,
     MaxPerClientOpt,
+    _board,
     _emit,
-    _kanban,
     _settings,
     _store,
     board_app,
@@ -66,7 +66,7 @@ def board_add(
         if body or task_id is not None:
             raise InvalidInput("--from", "--body and --id are per task there: give them in each line")
         specs = _specs(from_, pool_lane if lane is None else lane)
-    added = add_tasks(_kanban("write"), board, specs)
+    added = add_tasks(_board("write"), board, specs)
     task_ready(events_for(settings))
     for task in added:
         out.print(render.line("{}", task))
@@ -118,8 +118,8 @@ def board_list(
     """List tasks."""
     from board import TaskStatus
 
-    kanban = _kanban()
-    if board is not None and not kanban.has_board(board):
+    backend = _board()
+    if board is not None and not backend.has_board(board):
         raise NotFound(f"{board}: no such board")
     want = None
     if status_ is not None:
@@ -128,7 +128,7 @@ def board_list(
         except ValueError:
             valid = ", ".join(s.value for s in TaskStatus)
             raise InvalidInput("--status", f"unknown status {status_!r}; one of {valid}") from None
-    found = kanban.list_tasks(board, want)
+    found = backend.list_tasks(board, want)
     _emit([_listed(t) for t in found], render.tasks(found, out.width), as_json)
 
 
@@ -144,7 +144,7 @@ def board_search(
     from board import search_tasks
     from board.protocol import SEARCH_LIMIT
 
-    found = search_tasks(_kanban(), text, SEARCH_LIMIT if limit is None else limit)
+    found = search_tasks(_board(), text, SEARCH_LIMIT if limit is None else limit)
     _emit([_listed(t) for t in found], render.tasks(found, out.width), as_json)
 
 
@@ -168,11 +168,11 @@ def board_show(board: str, task_id: str, as_json: JsonOpt = False) -> None:
     """One task: its body, its result (exit code, output tails), and each run with its pool row."""
     from store import queries
 
-    kanban = _kanban()
-    task = kanban.get_task(board, task_id)
+    backend = _board()
+    task = backend.get_task(board, task_id)
     if task is None:
         raise NotFound(f"{board}/{task_id}: no such task")
-    runs = kanban.list_runs(board, [task_id])
+    runs = backend.list_runs(board, [task_id])
     with _store().session(readonly=True) as s:
         rows = {r.run_id: r.id for r in queries.rows_of_tasks(s, board, [task_id])}
     data = {
@@ -194,7 +194,7 @@ def board_cancel(board: str, task_id: str) -> None:
     """End a task for good (done, result {"cancelled": true}); its pool row goes stale at once."""
     from poolkeeper import operator
 
-    got = operator.cancel(_kanban("write"), _store("write"), board, task_id, time.time())
+    got = operator.cancel(_board("write"), _store("write"), board, task_id, time.time())
     if got.settled is not None:
         pool = f"row {got.settled.row_id} ({got.settled.was}) is stale: its worker is fenced out"
     elif got.left_to_reconcile is not None:
@@ -209,7 +209,7 @@ def board_unblock(board: str, task_id: str) -> None:
     """Put a parked task back to ready."""
     from poolkeeper.events import events_for, task_ready
 
-    _kanban("write").unblock_task(board, task_id)
+    _board("write").unblock_task(board, task_id)
     task_ready(events_for(_settings()))
     out.print(render.line("{}/{} ready", board, task_id))
 

@@ -15,8 +15,8 @@ from core.errors import InvalidInput, NotFound
 from poolkeeper.cli import render
 from poolkeeper.cli.base import (
     JsonOpt,
+    _board,
     _emit,
-    _kanban,
     _settings,
     _store,
     app,
@@ -32,11 +32,11 @@ def init() -> None:
     """Create or migrate the pool store and the board (a no-op when current)."""
     from core.logs import mask_url
 
-    store, kanban = _store("create"), _kanban("create")
+    store, board = _store("create"), _board("create")
     store.migrate()
-    kanban.migrate()
+    board.migrate()
     out.print(render.line("pool store ready: {}", mask_url(store.engine.url)))
-    out.print(render.line("board ready:      {}", kanban.location()))
+    out.print(render.line("board ready:      {}", board.location()))
 
 
 @app.command()
@@ -46,9 +46,9 @@ def status(as_json: JsonOpt = False) -> None:
     from poolkeeper.status import redis_reader, snapshot
 
     settings, store = _settings(), _store()
-    kanban = open_board(settings)  # not _kanban(): a board that does not answer is a part unknown
+    board = open_board(settings)  # not _board(): a board that does not answer is a part unknown
     client, problem = redis_reader(settings)
-    data = snapshot(store, kanban, settings, client, time.time(), redis_error=problem)
+    data = snapshot(store, board, settings, client, time.time(), redis_error=problem)
     _emit(data, render.status(data, store.pool_size), as_json)
 
 
@@ -132,11 +132,11 @@ def _row_with_children(row_id: int, as_json: bool) -> None:
     from store import audit, lineage
     from store import rows as rows_
 
-    store, kanban = _store(), _kanban()
+    store, board = _store(), _board()
     with store.session(readonly=True) as s:
         row = rows_.get_row(s, row_id)
         data = {**_row_dict(row), "children": lineage.tree(s, row_id)}
-        detail = row_detail(row, audit.history(s, row_id), kanban.get_task(row.board, row.task_id))
+        detail = row_detail(row, audit.history(s, row_id), board.get_task(row.board, row.task_id))
     data["detail"] = {**detail, "max_attempts": store.max_attempts}
     _emit(data, render.row_tree(row_id, data), as_json)
 
@@ -172,7 +172,7 @@ def abandon(
     """Give up on a row: park its exact run on the board, make the row stale, free its ordinal."""
     from poolkeeper import operator
 
-    got = operator.abandon(_kanban("write"), _store("write"), row, reason, time.time())
+    got = operator.abandon(_board("write"), _store("write"), row, reason, time.time())
     board = "parked" if got.parked else "had already moved the run on"
     pool = f"ordinal {got.settled.ordinal} free" if got.settled else "settled meanwhile by the plane"
     out.print(
@@ -199,7 +199,7 @@ def pause_dispatch(
     from poolkeeper.events import dispatch_settled
     from store import audit, pause
 
-    if board is not None and not _kanban().has_board(board):  # a misspelt name would pause nothing
+    if board is not None and not _board().has_board(board):  # a misspelt name would pause nothing
         raise NotFound(f"{validate.label(board, 64)}: no such board")
     with _store("write").session() as s:
         changed = pause.pause(s, reason, now=time.time(), actor=audit.OPERATOR, board=board)
@@ -244,7 +244,7 @@ def maintain(
     from tasks.maintain import maintain_once
     from tasks.plane import Plane
 
-    plane = Plane.from_settings(_settings(), _store("write"), _kanban("write"))
+    plane = Plane.from_settings(_settings(), _store("write"), _board("write"))
     plane.coord.ping()
     summary = maintain_once(plane, time.time())
     data = {name: dict(outcomes) for name, outcomes in summary.items()}

@@ -179,7 +179,7 @@ def search(pages: Pages, text: str, page: int, events_page: int, size: int, now:
 def _tasks(pages: Pages, text: str) -> tuple[list[BoardTask], str]:
     """The board's tasks holding ``text``, or none and the one sentence saying why none were looked for."""
     try:
-        return search_tasks(pages.kanban, text), ""
+        return search_tasks(pages.board, text), ""
     except InvalidInput as err:
         return [], f"Tasks are not searched: {err.problem}."
     except PoolError as err:  # the board cannot search, or cannot be read right now
@@ -304,9 +304,9 @@ def _tasks_named(pages: Pages, chosen: TaskSelection) -> Named:
     that is counted as "more than" (the board counts no further)."""
     if not chosen.every:
         ids = list(chosen.ids)
-        shown = [_task_view(pages.kanban.get_task(chosen.board, t), t) for t in ids[:BULK_LISTED]]
+        shown = [_task_view(pages.board.get_task(chosen.board, t), t) for t in ids[:BULK_LISTED]]
         return ids, shown, len(ids), False
-    matching = pages.kanban.list_tasks(chosen.board, chosen.status, limit=BULK_CAP + 1)
+    matching = pages.board.list_tasks(chosen.board, chosen.status, limit=BULK_CAP + 1)
     tasks = matching[:BULK_CAP]
     listed = [_task_view(t, t.id) for t in tasks[:BULK_LISTED]]
     return [t.id for t in tasks], listed, len(tasks), len(matching) > BULK_CAP

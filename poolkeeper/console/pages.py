@@ -278,7 +278,7 @@ def _row(screen: Screen, row: str) -> dict[str, Any]:
 
 
 def _board(screen: Screen, board: str = "", status: str = "") -> dict[str, Any]:
-    return screen.pages.board(board, time.time(), console_lists.task_status(status))
+    return screen.pages.board_page(board, time.time(), console_lists.task_status(status))
 
 
 # One line per page (its template, ``_``-prefixed for its live partial, and what it shows)

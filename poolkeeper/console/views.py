@@ -92,17 +92,17 @@ class Pages:
         self,
         settings: Settings,
         store: PoolStore,
-        kanban: Board,
+        board: Board,
         client: redis.Redis | None,
         redis_problem: str,
     ) -> None:
-        self.settings, self.store, self.kanban = settings, store, kanban
+        self.settings, self.store, self.board = settings, store, board
         self.client, self.redis_problem = client, redis_problem
         self.events = events_for(settings)
 
     def overview(self, now: float) -> dict[str, Any]:
         numbers = snapshot(
-            self.store, self.kanban, self.settings, self.client, now, redis_error=self.redis_problem
+            self.store, self.board, self.settings, self.client, now, redis_error=self.redis_problem
         )
         with self.store.session(readonly=True) as s:
             live = {r.ordinal: row_view(r) for r in queries.live_rows(s)}
@@ -126,7 +126,7 @@ class Pages:
     def workers(self, now: float) -> dict[str, Any]:
         """Each ordinal's pool worker and the namespace's Celery workers and beats (``snapshot``)."""
         numbers = snapshot(
-            self.store, self.kanban, self.settings, self.client, now, redis_error=self.redis_problem
+            self.store, self.board, self.settings, self.client, now, redis_error=self.redis_problem
         )
         return {"numbers": numbers, "now": now, "namespace": self.settings.namespace}
 
@@ -137,7 +137,7 @@ class Pages:
             history = audit.history(s, audit.POOL, limit=LIST_LIMIT)
         return {
             "dispatch": dispatch_view(found, boards, now),
-            "boards": self.kanban.list_boards(),
+            "boards": self.board.list_boards(),
             "history": history[::-1],
             "now": now,
         }
@@ -148,7 +148,7 @@ class Pages:
             row = row_view(found)
             children = lineage.tree(s, row_id)
             history = audit.history(s, row_id, limit=LIST_LIMIT)
-            detail = row_detail(found, history, self.kanban.get_task(found.board, found.task_id))
+            detail = row_detail(found, history, self.board.get_task(found.board, found.task_id))
         return {
             "row": row,
             "detail": detail,
@@ -158,16 +158,16 @@ class Pages:
             "max_attempts": self.store.max_attempts,
         }
 
-    def board(self, name: str, now: float, status: TaskStatus | None = None) -> dict[str, Any]:
+    def board_page(self, name: str, now: float, status: TaskStatus | None = None) -> dict[str, Any]:
         """A board's first tasks (in ``status`` only, if given), their runs and rows, and its pause."""
-        boards = self.kanban.list_boards()
+        boards = self.board.list_boards()
         if name and name not in boards:
             raise NotFound(f"{name[: shapes.BOARD_CHARS]}: no such board")
         name = name or (boards[0] if boards else "")
-        tasks = self.kanban.list_tasks(name, status, limit=LIST_LIMIT) if name else []
+        tasks = self.board.list_tasks(name, status, limit=LIST_LIMIT) if name else []
         ids = [t.id for t in tasks]
         runs: dict[str, list[dict[str, Any]]] = {}
-        for run in self.kanban.list_runs(name, ids):
+        for run in self.board.list_runs(name, ids):
             runs.setdefault(run["task_id"], []).append(run)
         with self.store.session(readonly=True) as s:
             found = queries.rows_of_tasks(s, name, ids)
@@ -199,7 +199,7 @@ class Pages:
             raise NotFound(
                 f"{board[: shapes.BOARD_CHARS]}/{task_id[: shapes.TASK_ID_CHARS]}: no such task"
             ) from None
-        task = self.kanban.get_task(board, task_id)
+        task = self.board.get_task(board, task_id)
         if task is None:
             raise NotFound(f"{board}/{task_id}: no such task")
         return {"task": task}
@@ -211,14 +211,14 @@ class Pages:
             with self.store.session() as s:
                 transitions.requeue(s, row_id, now=now, actor=audit.OPERATOR, reason=reason)
         else:
-            operator.abandon(self.kanban, self.store, row_id, reason, now)
+            operator.abandon(self.board, self.store, row_id, reason, now)
 
     def act_on_dispatch(self, action: str, reason: str, now: float, board: str = "") -> str:
         """Pause (with ``reason``) or resume dispatch, or one board's, as ``poolctl``: the ``pages.DONE``
         key to show."""
         named = board or None
         if action == "pause":
-            if named is not None and not self.kanban.has_board(named):  # a misspelt name pauses nothing
+            if named is not None and not self.board.has_board(named):  # a misspelt name pauses nothing
                 raise NotFound(f"{validate.label(named)}: no such board")
             with self.store.session() as s:
                 paused = pause.pause(s, reason, now=now, actor=audit.OPERATOR, board=named)
@@ -239,7 +239,7 @@ class Pages:
         The board refuses what the pool could not run (an empty title, a body too long or not
         JSON where it looks like it); a dispatch is asked for, so it is claimed at once.
         """
-        task_id = self.kanban.add_task(board, title, body, lane=self.settings.lane)
+        task_id = self.board.add_task(board, title, body, lane=self.settings.lane)
         task_ready(self.events)
         return task_id
 
@@ -251,9 +251,9 @@ class Pages:
         """
         task = self.task(board, task_id)["task"]  # a name that cannot exist is "no such task"
         if action == "cancel":
-            operator.cancel(self.kanban, self.store, board, task_id, now, reason=reason)
+            operator.cancel(self.board, self.store, board, task_id, now, reason=reason)
         elif action == "unblock":
-            self.kanban.unblock_task(board, task_id)
+            self.board.unblock_task(board, task_id)
             task_ready(self.events)
         else:
             with self.store.session() as s:

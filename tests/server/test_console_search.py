@@ -336,7 +336,7 @@ def test_a_board_that_cannot_search_says_so_and_rows_are_still_found(
 ) -> None:
     row = make_row(RowState.RUNNING, task_id="job-7")
     pages = http.app.state.console.pages  # type: ignore[attr-defined]
-    monkeypatch.setattr(pages, "kanban", WithoutSearch(pages.kanban))
+    monkeypatch.setattr(pages, "board", WithoutSearch(pages.board))
     page = http.get("/ui/search", params={"q": "job-7"})
     assert page.status_code == 200 and listed(page.text, "found-rows") == [row]
     note = page.text.split('id="tasks-note">', 1)[1].split("<", 1)[0]
