@@ -714,7 +714,7 @@ class Soak:
                 self.progress(now)
             # Past --duration only to finish the first round: every kind at least once.
             due = now < faults_end or len({f.kind for f in self.faults}) < len(a.kinds)
-            calm = not self.lasting and all(m.alive() for m in self.managed)
+            calm = not self.lasting and all(m.alive() for m in self.managed) and now >= self.recovered_by()
             if a.kinds and due and now >= next_fault and calm:
                 order = order or self.rng.sample(a.kinds, len(a.kinds))
                 self.due_since = self.due_since or now
@@ -730,6 +730,16 @@ class Soak:
         faults = [{**vars(f), "t0": f.t - started} for f in self.faults]
         (self.workdir / "faults.json").write_text(json.dumps(faults, indent=1, default=str))
         return self.report()
+
+    def recovered_by(self) -> float:
+        """When the last fault's recovery window ends: its bound (2 ticks) and a second, from when
+        what it stopped was back. No fault starts inside another's window, so a recovery is that
+        fault's alone (a Redis frozen the instant the database thawed would charge the database
+        with Redis's freeze)."""
+        if not self.faults:
+            return 0.0
+        last = self.faults[-1]
+        return (last.restarted or last.t) + 2 * float(self.args.tick) + 1
 
     def progress(self, now: float) -> None:
         """One line: the board's tasks by status, claims so far, faults so far."""
