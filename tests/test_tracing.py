@@ -176,28 +176,31 @@ def test_the_standard_variables_turn_tracing_on(env: dict[str, str], on: bool) -
     assert tracing.configured(env) is on
 
 
+def in_a_process(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh interpreter with ``env``: what a process starting with it does."""
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
 def test_poolctl_version_imports_nothing_of_opentelemetry_when_unconfigured() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    probe = (
+    done = in_a_process(
         "import sys; sys.argv = ['poolctl', '--version']\n"
         "from poolkeeper.cli import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))",
+        {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
     )
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_an_otel_setting_the_sdk_refuses_turns_tracing_off_with_one_warning() -> None:
-    env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "0"}
-    probe = (
+    done = in_a_process(
         "import logging; logging.basicConfig(format='%(levelname)s %(message)s')\n"
         "from core import tracing\n"
         "for name in ('claim', 'grant'):\n    with tracing.span(name):\n        pass\n"
-        "print('ran', tracing.current())"
+        "print('ran', tracing.current())",
+        {**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "0"},
     )
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, "ran None"), done.stderr
     [line] = [x for x in done.stderr.splitlines() if x.strip()]
     assert line.startswith("WARNING an OTEL_* setting is refused by the SDK") and "tracing off" in line
