@@ -28,7 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from board import BoardTask, TaskStatus, search_tasks
-from board.protocol import SEARCH_LIMIT, SEARCH_MIN_CHARS, search_text
+from board.protocol import SEARCH_LIMIT, SEARCH_MIN_CHARS
 from core import shapes, validate
 from core.errors import InvalidInput, PoolError
 from poolkeeper import operator
@@ -151,7 +151,10 @@ def search(pages: Pages, text: str, page: int, events_page: int, size: int, now:
             **{"q": "", "rows": [], "events": [], "rows_paging": empty, "events_paging": empty},
             **{"min_chars": SEARCH_MIN_CHARS, "now": now},
         }
-    text = search_text(text, shortest=1)  # a row id may be one digit; tasks take SEARCH_MIN_CHARS
+    # Rows and events are searched by any text a query parameter holds (an error pasted whole, a
+    # one-digit row id); what the task index cannot take (too short, too long) leaves only the
+    # tasks out (``_tasks``).
+    text = validate.text("q", text).strip()
     tasks, note = _tasks(pages, text)
     offset, events_offset = (page - 1) * size, (events_page - 1) * size
     with pages.store.session(readonly=True) as s:

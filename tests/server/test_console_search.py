@@ -326,9 +326,22 @@ def test_search_text_is_literal_and_bounded(http: TestClient, kanban: Board) -> 
     short = http.get("/ui/search", params={"q": "50"})
     assert short.status_code == 200 and found_tasks(short.text) == []
     assert "Tasks are not searched: too short: tasks are searched by 3 characters or more." in short.text
-    long = http.get("/ui/search", params={"q": "x" * 201})
-    assert long.status_code == 422 and "q: too long: at most 200 characters" in long.text
-    assert "Traceback" not in long.text
+    long = http.get("/ui/search", params={"q": "x" * 201})  # past the task index: rows still answer
+    assert long.status_code == 200 and found_tasks(long.text) == []
+    assert "Tasks are not searched: too long: at most 200 characters." in long.text
+    huge = http.get("/ui/search", params={"q": "x" * 501})  # the console's bound on any parameter
+    assert huge.status_code == 422 and "the query parameter q is longer than 500 characters" in huge.text
+    assert "Traceback" not in huge.text
+
+
+def test_an_error_pasted_whole_finds_its_row(
+    http: TestClient, store: PoolStore, make_row: RowFactory
+) -> None:
+    error = "ValueError: " + "a long traceback line " * 20  # 452 characters: past the task index's 200
+    row = make_row(RowState.RUNNING, task_id="t-long")
+    failing(store, row, error)
+    page = http.get("/ui/search", params={"q": error})
+    assert page.status_code == 200 and listed(page.text, "found-rows") == [row]
 
 
 def test_a_board_that_cannot_search_says_so_and_rows_are_still_found(
