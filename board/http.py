@@ -264,13 +264,12 @@ class HttpBoard:
         request_id: str | None = None,
         skip_boards: Sequence[str] = (),
     ) -> list[Claim]:
-        asked = ClaimRequest.model_construct(
-            request_id=request_id or uuid.uuid4().hex,
-            limit=limit,
-            assignee=assignee,
-            lane=lane,
-            skip_boards=list(skip_boards),
-        )
+        # skip_boards only when a board is paused: a board server older than the field still claims
+        fields: dict[str, Any] = {"request_id": request_id or uuid.uuid4().hex, "limit": limit}
+        fields.update(assignee=assignee, lane=lane)
+        if skip_boards:
+            fields["skip_boards"] = list(skip_boards)
+        asked = ClaimRequest.model_construct(**fields)
         return self._call("POST", "/v1/claims", Claims, body=asked).claims
 
     def block_task(self, board: str, task_id: str, reason: str, kind: str, expected_run_id: int) -> bool:
@@ -351,7 +350,7 @@ class HttpBoard:
 
     def search_tasks(self, text: str, *, limit: int = SEARCH_LIMIT) -> list[BoardTask]:
         """The server's board's search; its ``Unsupported`` (501) when that board has none."""
-        return self._call("GET", "/v1/search", Tasks, params={"q": text, "limit": str(limit)}).tasks
+        return self._call("GET", SEARCH_PATH, Tasks, params={"q": text, "limit": str(limit)}).tasks
 
     # --- transport -----------------------------------------------------------------------------
 
@@ -380,7 +379,7 @@ class HttpBoard:
     ) -> Answer:
         """One call, retried while transient: its answer as ``answer``, or the error its status means."""
         try:
-            content = None if body is None else body.model_dump_json().encode()
+            content = None if body is None else body.model_dump_json(exclude_unset=True).encode()
         except ValueError as err:  # text JSON cannot carry (a lone surrogate), NaN: as the Kanban refuses it
             raise InvalidInput("request", f"cannot be sent as JSON: {str(err)[:200]}") from None
         # A call from inside a run's span (finalize, park) carries its trace to the board server.
@@ -429,6 +428,9 @@ class HttpBoard:
             return Unsupported(detail)
         if status == NotFound.http_status and error == "NotFound" and detail != UNROUTED:
             return NotFound(detail)  # the board API's own: no such board or task
+        if path == SEARCH_PATH and status == NotFound.http_status and self._title() == shapes.BOARD_API_TITLE:
+            # a board server from before search: its board has no search here, as a backend without it
+            return Unsupported(f"the board server at {self._where} cannot search (it is older than search)")
         if status in (NotFound.http_status, 405):  # no route there: POOL_BOARD_URL is not a board server
             answers = self._what_answers()
             return UnusableURL(f"POOL_BOARD_URL: {answers} at {self._where} ({status} on {path})")
@@ -442,15 +444,21 @@ class HttpBoard:
         named = BoardServerError.named(error)
         return named(said) if named is BoardServerError else named(detail)
 
+    def _title(self) -> object:
+        """The OpenAPI title of what serves POOL_BOARD_URL's host (one try); None when it names none."""
+        try:
+            return self._http().get(self._root("/openapi.json"), timeout=2.0).json()["info"]["title"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+
+    def _root(self, path: str) -> httpx.URL:
+        return httpx.URL(self._base).copy_with(path=path)
+
     def _what_answers(self) -> str:
         """What serves POOL_BOARD_URL's host, by its OpenAPI title where it has one (one try)."""
-        root = httpx.URL(self._base).copy_with(path="/openapi.json")
-        try:
-            title = self._http().get(root, timeout=2.0).json()["info"]["title"]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            title = None
+        title = self._title()
         if title == shapes.BOARD_API_TITLE:
-            return f"the board API answers at {root.copy_with(path='/')}, not"
+            return f"the board API answers at {self._root('/')}, not"
         if title == shapes.WIRE_API_TITLE:
             return "`poolctl serve` (the pool's wire protocol) answers, not `poolctl board serve`,"
         if isinstance(title, str):
@@ -460,6 +468,7 @@ class HttpBoard:
 
 # Starlette's detail for a path no route serves (the board API's own 404s name the board or task).
 UNROUTED = "Not Found"
+SEARCH_PATH = "/v1/search"  # optional: a board server from before search has no such route
 
 
 def _board(board: str) -> str:

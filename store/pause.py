@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -66,6 +66,11 @@ def pause(s: Session, reason: str, *, now: float, actor: str, board: str | None 
         return _change(s, was=False, to=Pause(True, reason, actor, now), event=event)
     validate.name("board", board, shapes.BOARD_CHARS)
     actor = validate.storable(actor, audit.MAX_ACTOR_CHARS)
+    if (s.scalar(select(func.count()).select_from(B).where(B.board != board)) or 0) >= MAX_PAUSED_BOARDS:
+        raise InvalidInput(  # a dispatch round skips this many at most: one more would be claimed from
+            "board",
+            f"{MAX_PAUSED_BOARDS} boards are paused on their own already: resume one, or pause all dispatch",
+        )
     row = {"board": board, "reason": reason, "actor": actor, "since": now}
     stmt = _INSERT[s.get_bind().dialect.name](B).values(row).on_conflict_do_nothing(index_elements=["board"])
     if s.execute(stmt.returning(B.board)).first() is None:  # there already

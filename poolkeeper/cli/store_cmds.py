@@ -226,6 +226,8 @@ def resume_dispatch(
         changed = pause.resume(s, now=time.time(), actor=audit.OPERATOR, board=board)
     if changed:
         task_ready(events_for(_settings()))
+    elif board is not None and not _board().has_board(board):  # a misspelt name: not "unchanged"
+        raise NotFound(f"{validate.label(board, 64)}: no such board")
     what = "dispatch" if board is None else f"dispatch of board {board}"
     out.print(render.line("{} resumed" if changed else "{} was not paused (unchanged)", what))
 

@@ -21,9 +21,12 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict
 
 from board import Board, BoardTask, TaskStatus, open_board, search_tasks
 from board.http import BoardServerError, HttpBoard, open_http
+from core import shapes
 from core.errors import (
     CapabilityError,
     ConfigError,
@@ -247,6 +250,40 @@ def test_a_url_that_is_no_board_server_names_what_answers_there(
     # and the board API's own 404 is still a missing task
     with pytest.raises(NotFound, match="nope: no such board"):
         HttpBoard(board_url, token=TOKEN).archive_board("nope")
+
+
+class OldClaim(BaseModel):
+    """The claim body of a board API from before paused boards: it forbids what it does not know."""
+
+    model_config = ConfigDict(extra="forbid")
+    request_id: str
+    limit: int
+    assignee: str
+    lane: str
+
+
+def older_board_server() -> FastAPI:
+    """A board API from before dispatch paused boards and before search (no ``/v1/search``)."""
+    app = FastAPI(title=shapes.BOARD_API_TITLE)
+
+    @app.post("/v1/claims")
+    def claims(body: OldClaim) -> dict[str, Any]:
+        return {"claims": []}
+
+    return app
+
+
+def test_a_pool_with_nothing_paused_still_claims_from_an_older_board_server(settings: Settings) -> None:
+    old = AppServer(settings, older_board_server())
+    try:
+        board = HttpBoard(old.url, token=TOKEN)
+        assert board.claim_ready(4, assignee="pool", lane="pool") == []  # skip_boards is not sent
+        with pytest.raises(InvalidInput, match="skip_boards"):  # a pause needs the newer server, said so
+            board.claim_ready(4, assignee="pool", lane="pool", skip_boards=["b"])
+        with pytest.raises(Unsupported, match="cannot search"):  # exit 2, not "POOL_BOARD_URL" (78)
+            search_tasks(board, "abc")
+    finally:
+        old.stop()
 
 
 def test_a_forked_child_gets_a_client_of_its_own(kanban: Board, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -498,6 +498,8 @@ def test_a_board_pauses_and_resumes_on_its_own_in_status_and_the_audit_trail(tmp
     assert ok(tmp_path, "resume").strip() == "dispatch was not paused (unchanged)"
     assert ok(tmp_path, "resume", "--board", "b").strip() == "dispatch of board b resumed"
     assert ok(tmp_path, "resume", "--board", "b").strip() == "dispatch of board b was not paused (unchanged)"
+    refused = poolctl(tmp_path, "resume", "--board", "nosuch")
+    assert refused.returncode == 2 and refused.stderr.strip() == "poolctl: nosuch: no such board"
     assert as_json(tmp_path, "status")["dispatch"]["boards"] == []
     with sqlite3.connect(tmp_path / "pool.db") as db:
         events = db.execute("SELECT row_id, kind, detail FROM audit_events ORDER BY id").fetchall()

@@ -91,6 +91,20 @@ def test_a_board_pauses_and_resumes_on_its_own_and_the_pool_apart(store: PoolSto
     ]
 
 
+def test_no_more_boards_are_paused_alone_than_a_dispatch_round_skips(
+    store: PoolStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pause, "MAX_PAUSED_BOARDS", 3)  # the bound itself, at a size a test can fill
+    with store.session() as s:
+        for name in ("b1", "b2", "b3"):
+            assert pause.pause(s, "maintenance", now=NOW, actor=audit.OPERATOR, board=name)
+    with store.session() as s, pytest.raises(InvalidInput, match="3 boards are paused on their own already"):
+        pause.pause(s, "one more", now=NOW, actor=audit.OPERATOR, board="b4")
+    with store.session() as s:  # every paused board is read, so every one is skipped; b3 again is no change
+        assert sorted(pause.boards(s)) == ["b1", "b2", "b3"]
+        assert pause.pause(s, "again", now=NOW, actor=audit.OPERATOR, board="b3") is False
+
+
 @pytest.mark.parametrize("board", ["", "a b", "x" * 65, "a\x00b"])
 def test_a_board_pause_names_a_board_that_can_exist(store: PoolStore, board: str) -> None:
     with store.session() as s, pytest.raises(InvalidInput, match="board"):
