@@ -164,7 +164,12 @@ class Board(Protocol):
 
 def add_tasks(board: Board, name: str, specs: Sequence[TaskSpec]) -> list[str]:
     """Add ``specs`` to board ``name``: in one call where the backend has ``add_tasks`` (the Kanban:
-    one transaction), else one ``add_task`` each (a backend need not have the bulk form)."""
+    one transaction), else one ``add_task`` each (a backend need not have the bulk form).
+
+    An archived board is refused (``InvalidInput``): the pool never claims from one, so its new
+    tasks would wait for ever while the operator believed them queued."""
+    if name in set(board.list_boards(include_archived=True)) - set(board.list_boards()):
+        raise InvalidInput("board", f"{name} is archived: the pool claims none of its tasks")
     bulk = getattr(board, "add_tasks", None)
     if bulk is not None:
         added: list[str] = bulk(name, specs)

@@ -136,7 +136,10 @@ def board_list(
 def board_search(
     text: Annotated[str, typer.Argument(help="A piece of a task's title or body (3 to 200 characters).")],
     limit: Annotated[
-        int | None, typer.Option(help="Tasks to list at most (1 to 50, all 50 unless given).")
+        int | None,
+        # 50: board.protocol.SEARCH_LIMIT (tests/cli/test_cli.py holds them equal), not imported here:
+        # --help loads nothing of the board
+        typer.Option(min=1, max=50, help="Tasks to list at most (1 to 50, all 50 unless given)."),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:

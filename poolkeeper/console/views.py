@@ -17,7 +17,7 @@ from typing import Any
 import redis
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from board import Board, BoardTask, TaskStatus
+from board import Board, BoardTask, TaskSpec, TaskStatus, add_tasks
 from core import shapes, validate
 from core.errors import InvalidInput, NotFound
 from core.settings import Settings
@@ -239,7 +239,7 @@ class Pages:
         The board refuses what the pool could not run (an empty title, a body too long or not
         JSON where it looks like it); a dispatch is asked for, so it is claimed at once.
         """
-        task_id = self.board.add_task(board, title, body, lane=self.settings.lane)
+        [task_id] = add_tasks(self.board, board, [TaskSpec(title, body, self.settings.lane)])
         task_ready(self.events)
         return task_id
 

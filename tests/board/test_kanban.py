@@ -58,6 +58,15 @@ def test_a_bulk_add_is_all_or_nothing_and_names_the_task_refused(kanban: Board) 
     assert [t.id for t in kanban.list_tasks()] == ["old"]  # nothing of any refused batch was written
 
 
+def test_tasks_are_not_added_to_an_archived_board_whose_tasks_the_pool_never_claims(kanban: Board) -> None:
+    kanban.add_task("old", "done long ago", task_id="t1")
+    kanban.archive_board("old")
+    with pytest.raises(InvalidInput, match="board: old is archived: the pool claims none of its tasks"):
+        add_tasks(kanban, "old", [TaskSpec("queued for ever")])
+    assert [t.id for t in kanban.list_tasks("old")] == ["t1"]
+    assert add_tasks(kanban, "fresh", [TaskSpec("a new board is made")]) != []
+
+
 def test_locked_board_database_is_a_transient_error(
     tmp_path: object, engine_of: Callable[[Board], Engine]
 ) -> None:

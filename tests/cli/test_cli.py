@@ -113,6 +113,11 @@ def test_board_search_lists_tasks_holding_the_text_newest_first(tmp_path: Path) 
     assert [t["id"] for t in as_json(tmp_path, "board", "search", '"the vault" for')] == ["t2"]
     assert as_json(tmp_path, "board", "search", "certificate", "--limit", "1")[0]["id"] == "t2"
     assert "Rotate the TLS" in ok(tmp_path, "board", "search", "TLS cert")
+    from board.protocol import SEARCH_LIMIT  # --limit's bound is the board's own, stated twice
+
+    too_many = poolctl(tmp_path, "board", "search", "cert", "--limit", str(SEARCH_LIMIT + 1))
+    assert too_many.returncode == 2 and "--limit" in too_many.stderr
+    assert ok(tmp_path, "board", "search", "cert", "--limit", str(SEARCH_LIMIT))
 
 
 def test_rows_shows_one_row_with_its_children_as_a_tree(tmp_path: Path) -> None:
