@@ -198,7 +198,7 @@ def test_board_add_from_json_lines_adds_every_task_or_none(tmp_path: Path) -> No
         (("board", "search", "ab"), "q: too short: tasks are searched by 3 characters or more"),
         (("board", "search", "x" * 201), "q: too long: at most 200 characters"),
         (("board", "search", "  "), "q: empty"),
-        (("board", "search", "cert", "--limit", "51"), "limit: must be between 1 and 50, got 51"),
+        (("board", "search", "cert", "--limit", "51"), "'--limit': Input should be less than or equal to 50"),
     ],
 )
 def test_user_mistakes_are_one_clear_line_and_exit_2(
