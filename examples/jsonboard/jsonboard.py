@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from board.protocol import BoardTask, Claim, TaskStatus
+from core import validate
 from core.errors import ConfigError, InvalidInput, NotFound, TransientError, UnusableURL
 from core.settings import Settings, default
 
@@ -157,7 +158,10 @@ class JsonBoard:
         return self._end(board, task_id, expected_run_id, "blocked", block_reason=reason, block_kind=kind)
 
     def complete_task(self, board: str, task_id: str, expected_run_id: int, result: dict[str, Any]) -> bool:
-        return self._end(board, task_id, expected_run_id, "done", result=result)
+        # the store's own rule for a document (no NUL, no lone surrogate, bounded), as the kit asks
+        return self._end(
+            board, task_id, expected_run_id, "done", result=json.loads(validate.document("result", result))
+        )
 
     def _end(self, board: str, task_id: str, run: int, status: str, **fields: Any) -> bool:
         """Compare-and-set on the exact run: only a task still running ``run`` moves."""

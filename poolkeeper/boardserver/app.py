@@ -205,7 +205,8 @@ def search(
     q: Annotated[
         Text,
         Query(
-            description=f"A piece of a title or body, {SEARCH_MIN_CHARS} to {SEARCH_MAX_CHARS} characters."
+            max_length=SEARCH_MAX_CHARS,
+            description=f"A piece of a title or body, {SEARCH_MIN_CHARS} to {SEARCH_MAX_CHARS} characters.",
         ),
     ],
     limit: Annotated[int, Query(ge=1, le=SEARCH_LIMIT)] = SEARCH_LIMIT,

@@ -204,10 +204,17 @@ def test_output_is_escaped_and_bounded_to_what_the_store_takes() -> None:
     text = printable(noise)
     assert len(text) <= 4096 and text.endswith("ü€😀")
     assert "\x00" not in text and "\x1b" not in text and "\\x00" in text
-    huge = {"status": "blocked", "reason": "x\x00", "exit_code": 1, "stdout_tail": "y" * 70_000}
+    huge = {"status": "blocked", "reason": "x", "exit_code": 1, "stdout_tail": "y" * 70_000}
     assert storable(huge) == {
         "status": "blocked",
         "reason": "exit code 1: the store refused the command's output (payload: larger than 65536 bytes)",
+        "exit_code": 1,
+    }
+    nul = {"status": "blocked", "reason": "x\x00", "exit_code": 1}  # the first refusal is the one named
+    assert storable(nul) == {
+        "status": "blocked",
+        "reason": "exit code 1: the store refused the command's output"
+        " (payload.reason: must not contain a NUL character)",
         "exit_code": 1,
     }
 
