@@ -86,6 +86,7 @@ from celery.signals import (  # noqa: E402
     worker_process_shutdown,
     worker_ready,
 )
+from celery.utils.log import get_multiprocessing_logger  # noqa: E402
 from celery.worker.consumer import Consumer as CeleryConsumer  # noqa: E402
 from kombu.entity import Queue  # noqa: E402
 from kombu.transport import redis as kombu_redis  # noqa: E402
@@ -362,9 +363,12 @@ def _worker_serving(sender: Any = None, **_: Any) -> None:
 @after_setup_logger.connect
 @after_setup_task_logger.connect
 def _log_format(logger: logging.Logger | None = None, **_: Any) -> None:
-    """Celery's handlers (its stderr or ``--logfile``, in the worker and in beat) write POOL_LOG_FORMAT."""
+    """Celery's handlers (its stderr or ``--logfile``, in the worker and in beat) write POOL_LOG_FORMAT:
+    the root's, the task logger's and billiard's own (a pool child's exit, logged at shutdown)."""
     if logger is not None:
-        logs.install(SETTINGS.log_format, logger, secrets=(SETTINGS.server_secret, SETTINGS.board_token))
+        also = (get_multiprocessing_logger(),) if logger is logging.getLogger() else ()
+        secrets = (SETTINGS.server_secret, SETTINGS.board_token)
+        logs.install(SETTINGS.log_format, logger, *also, secrets=secrets)
 
 
 @after_setup_logger.connect

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,21 @@ def test_the_demo_s_processes_log_json_lines_when_asked(tmp_path: Path) -> None:
         assert lines and all({"time", "level", "logger", "message"} <= set(line) for line in lines), name
     finalized = [json.loads(line) for line in logged["worker.log"] if "finalized" in line]
     assert finalized and all("row_id" in line or "," in line["message"] for line in finalized)
+
+
+BILLIARD_LINE = """
+from tasks.celery import app
+from billiard.util import get_logger
+app.log.setup_logging_subsystem(loglevel="INFO")
+get_logger().error("Process %r pid:%r exited with %r", "ForkPoolWorker-1", 1, "signal 15 (SIGTERM)")
+"""
+
+
+def test_a_pool_child_s_exit_is_a_json_line_too() -> None:
+    """Celery gives billiard's logger a handler of its own: a pool child's exit, at shutdown, goes there."""
+    env = {**os.environ, "POOL_LOG_FORMAT": "json", "POOL_REDIS_URL": "memory://"}
+    script = [sys.executable, "-c", BILLIARD_LINE]
+    done = subprocess.run(script, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line]
+    assert [line["message"] for line in lines if "exited with" in line["message"]], done.stderr

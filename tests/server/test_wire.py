@@ -9,6 +9,7 @@ from typing import Any, get_type_hints
 
 import pytest
 
+from board.protocol import SEARCH_MAX_CHARS
 from core import shapes, validate
 from core.errors import InvalidInput
 from core.settings import Settings
@@ -71,6 +72,7 @@ LENGTHS = {
     "name": shapes.BOARD_CHARS,  # the board API's paths name a board so
     "title": validate.MAX_DOCUMENT_BYTES,  # a task's title and body: the run's payload bounds them together
     "body": validate.MAX_DOCUMENT_BYTES,
+    "q": SEARCH_MAX_CHARS,  # a search's text
 }
 RANGES = {
     "row_id": shapes.ROW_ID,
