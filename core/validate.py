@@ -123,12 +123,7 @@ def run_payload(*, board: str, task_id: str, run_id: int, title: str, body: str)
         "body": text("body", body),
     }
     if body.lstrip().startswith("{"):
-        try:
-            payload["input"] = json.loads(body)
-        except ValueError as err:
-            raise InvalidInput("body", f"looks like JSON but is not: {err}") from None
-        except RecursionError:  # the decoder recurses: nesting this deep is refused like any other
-            raise InvalidInput("body", f"JSON nested deeper than {MAX_DEPTH} levels") from None
+        payload["input"] = loads("body", body)  # looks like JSON, so it must be
         document("body", payload["input"])  # depth, keys, credentials: named body.<path>
     size = len(canonical_json(payload).encode())  # the tree was walked: it serialises
     if size > MAX_DOCUMENT_BYTES:
@@ -138,6 +133,31 @@ def run_payload(*, board: str, task_id: str, run_id: int, title: str, body: str)
         )
     document("payload", payload)
     return payload
+
+
+def loads(field: str, text: str) -> Any:
+    """JSON text a person or a program gave, parsed; ``InvalidInput`` naming ``field`` if it is not
+    JSON, nests deeper than the decoder can follow, says NaN or Infinity, or repeats a key in one
+    object (parsers disagree on which one wins, so the text would not mean one thing)."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except ValueError as err:  # JSONDecodeError too
+        raise InvalidInput(field, f"not JSON: {err}") from None
+    except RecursionError:  # the decoder recurses: nesting this deep is refused like any other
+        raise InvalidInput(field, f"JSON nested deeper than {MAX_DEPTH} levels") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} has no JSON form")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"the key {label(key)} appears twice in one object")
+        found[key] = value
+    return found
 
 
 def canonical_json(value: Any) -> str:

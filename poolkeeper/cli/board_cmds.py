@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import TYPE_CHECKING, Annotated
@@ -91,10 +90,7 @@ def _specs(path: str, lane: str) -> list[TaskSpec]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InvalidInput("--from", f"line {n}: not JSON ({err.msg})") from None
+        item = validate.loads(f"--from line {n}", line)
         if not isinstance(item, dict) or not isinstance(item.get("title"), str):
             raise InvalidInput("--from", f'line {n}: an object with a "title" string is needed')
         unknown = sorted(set(item) - {"title", "body", "lane", "id"})

@@ -58,6 +58,25 @@ def test_a_bulk_add_is_all_or_nothing_and_names_the_task_refused(kanban: Board) 
     assert [t.id for t in kanban.list_tasks()] == ["old"]  # nothing of any refused batch was written
 
 
+@pytest.mark.parametrize(
+    ("body", "refusal"),
+    [
+        ('{"n": 1, "n": 2}', "body: not JSON: the key n appears twice in one object"),
+        ('{"a": {"x": [], "x": {}}}', "the key x appears twice"),
+        ('{"n": NaN}', "NaN has no JSON form"),
+        ('{"n": -Infinity}', "-Infinity has no JSON form"),
+        ('{"a":' * 10_000, "body: JSON nested deeper than 64 levels"),
+    ],
+)
+def test_a_body_that_is_json_must_mean_one_thing(kanban: Board, body: str, refusal: str) -> None:
+    """The board keeps the body as given and the worker gets it parsed as ``input`` too: a repeated
+    key (parsers differ on which wins) or a value JSON has no form for is refused, not guessed at."""
+    with pytest.raises(InvalidInput, match=refusal):
+        kanban.add_task("b", "x", body=body, task_id="t1")
+    assert kanban.get_task("b", "t1") is None
+    assert kanban.add_task("b", "x", body='{"n": 1, "m": {"n": 2}}', task_id="t1") == "t1"  # a key per object
+
+
 def test_tasks_are_not_added_to_an_archived_board_whose_tasks_the_pool_never_claims(kanban: Board) -> None:
     kanban.add_task("old", "done long ago", task_id="t1")
     kanban.archive_board("old")

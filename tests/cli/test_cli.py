@@ -171,6 +171,7 @@ def test_board_add_from_json_lines_adds_every_task_or_none(tmp_path: Path) -> No
     for bad, says in [
         ('{"title": "d"}\n{"titel": "e"}', 'line 2: an object with a "title" string is needed'),
         ('{"title": "d"}\nnot json', "line 2: not JSON"),
+        ('{"title": "d", "title": "e"}', "line 1: not JSON: the key title appears twice"),
         ('{"title": "d", "id": "ta"}', "b1/ta already exists"),
         ('{"title": "d", "owner": "me"}', "line 1: unknown field(s) owner"),
     ]:

@@ -226,7 +226,11 @@ USAGE_CASES = [
         id="credential-in-body",
     ),
     pytest.param(
-        ("board", "add", "b", "t", "--body", "{draft"), ("body: looks like JSON",), id="bad-json-body"
+        ("board", "add", "b", "t", "--body", "{draft"), ("body: not JSON",), id="bad-json-body"
+    ),
+    pytest.param(
+        ("board", "add", "b", "t", "--body", '{"a": 1, "a": 2}'), ("the key a appears twice",),
+        id="repeated-key-body",
     ),
 ]  # fmt: skip
 

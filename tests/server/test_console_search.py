@@ -522,7 +522,7 @@ def test_a_task_is_added_from_the_board_page_and_bad_input_is_refused_in_one_lin
     assert "Added: the task is ready" in http.get(got.headers["location"]).text
     for changed, why in (
         ({"title": "  "}, "title: must not be empty"),
-        ({"body": "{not json"}, "body: looks like JSON but is not"),
+        ({"body": "{not json"}, "body: not JSON"),
         ({"board": "a b"}, "board"),
         ({"title": "x" * 4001}, "the form field title is longer than 4000 characters"),
     ):
