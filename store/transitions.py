@@ -273,7 +273,8 @@ def settle_run(
 
 
 def collect_garbage(s: Session, *, retention_seconds: float, batch: int, now: float) -> tuple[int, int]:
-    """Delete one batch of terminal rows (with their child executions) and of old delivery records.
+    """Delete one batch of terminal rows (with their child executions) and of old delivery records
+    (a terminal or deleted row's: one still live or in lease_failed keeps its own however old).
 
     The batch's row ids are read first so the children deleted are exactly those
     of the rows deleted (the foreign key refuses a row whose children remain).
@@ -291,7 +292,12 @@ def collect_garbage(s: Session, *, retention_seconds: float, batch: int, now: fl
         rows = s.execute(
             delete(A).where(A.id.in_(ids), *old).execution_options(synchronize_session=False)
         ).rowcount  # type: ignore[attr-defined]
-    old_deliveries = select(Delivery.delivery_id).where(Delivery.created_at < cutoff).limit(batch)
+    unsettled = select(A.id).where(
+        A.id == Delivery.assignment_id, A.state.not_in([t.value for t in TERMINAL_STATES])
+    )
+    old_deliveries = (  # a row not yet settled keeps its records: a replay of them is still answered
+        select(Delivery.delivery_id).where(Delivery.created_at < cutoff, ~unsettled.exists()).limit(batch)
+    )
     deliveries = s.execute(
         delete(Delivery)
         .where(Delivery.delivery_id.in_(old_deliveries))

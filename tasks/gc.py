@@ -1,8 +1,9 @@
 """Collect garbage.
 
 Qualifies: ``finalized`` and ``stale`` rows (and only those) whose last change
-is older than the retention, and delivery records and audit events older than
-it (an event goes by its age, whatever its row's state).
+is older than the retention, delivery records older than it whose row is terminal
+or gone (a row not yet settled keeps its own, so a replay is still a duplicate), and
+audit events older than it (an event goes by its age, whatever its row's state).
 Does: deletes them in batches of ``gc_batch``, one short transaction each (so no
 transaction holds the write lock for long), until none is left or the sweep has
 run for half the task's time limit (``allowed_seconds``). The deletion rate is the
