@@ -294,10 +294,24 @@ class HttpBoard:
         task_id: str | None = None,
     ) -> str:
         # the id is made here, so a retry after a lost answer cannot add the task twice
-        asked = NewTask.model_construct(
-            title=title, body=body, lane=lane, task_id=task_id or uuid.uuid4().hex[:12]
+        made = task_id or uuid.uuid4().hex[:12]
+        asked = NewTask.model_construct(title=title, body=body, lane=lane, task_id=made)
+        try:
+            return self._call("POST", f"{_board(board)}/tasks", TaskId, body=asked).task_id
+        except InvalidInput as err:
+            # A fresh id "already exists" only if an earlier try of this call added it (its answer
+            # lost): the task is there, so the add succeeded. A caller's own id may be anyone's.
+            if task_id is None and "already exists" in str(err) and self._is(board, made, asked):
+                return made
+            raise
+
+    def _is(self, board: str, task_id: str, asked: NewTask) -> bool:
+        task = self.get_task(board, task_id)
+        return task is not None and (task.title, task.body, task.lane) == (
+            asked.title,
+            asked.body,
+            asked.lane,
         )
-        return self._call("POST", f"{_board(board)}/tasks", TaskId, body=asked).task_id
 
     def unblock_task(self, board: str, task_id: str) -> BoardTask:
         return self._move(board, task_id, "unblock")

@@ -278,7 +278,8 @@ class KanbanBoard:
 
     def add_tasks(self, board: str, specs: Sequence[TaskSpec]) -> list[str]:
         """Every task of ``specs``, ready, in one transaction, or none: the first one that is refused
-        (bad input, an id the board or the batch already has) names its place in the batch."""
+        (bad input, an id the board or the batch already has) names its place in the batch. An
+        archived board takes none (the pool never claims from it, so they would wait for ever)."""
         validate.name("board", board, shapes.BOARD_CHARS)
         rows: list[dict[str, Any]] = []
         ids: set[str] = set()
@@ -312,8 +313,13 @@ class KanbanBoard:
             dialect = importlib.import_module(f"sqlalchemy.dialects.{conn.dialect.name}")
             new_board = dialect.insert(boards).values(name=board, created_at=now)
             conn.execute(new_board.on_conflict_do_nothing(index_elements=["name"]))
-            there = select(T.id).where(T.board == board, T.id.in_(sorted(ids))).limit(1)
-            if (taken := conn.scalar(there)) is not None:
+            there = select(T.id).where(T.board == board, T.id.in_(sorted(ids))).limit(1).scalar_subquery()
+            archived, taken = conn.execute(
+                select(boards.c.archived, there).where(boards.c.name == board)
+            ).one()
+            if archived:  # read in the add's own transaction: an archive cannot slip in between
+                raise InvalidInput("board", f"{board} is archived: the pool claims none of its tasks")
+            if taken is not None:
                 raise InvalidInput("task_id", f"{board}/{taken} already exists")
             conn.execute(insert(tasks), rows)
         return [str(row["id"]) for row in rows]

@@ -147,6 +147,22 @@ def loads(field: str, text: str) -> Any:
         raise InvalidInput(field, f"JSON nested deeper than {MAX_DEPTH} levels") from None
 
 
+def repeated_key(raw: str | bytes) -> str | None:
+    """Why JSON text repeats a key in one of its objects (one sentence), or None: for a request body,
+    which its framework parses last-one-wins. Text that is not JSON is None here (its parser says why)."""
+    try:
+        json.loads(raw, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as err:
+        return str(err)
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
+class _RepeatedKey(ValueError):
+    pass
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} has no JSON form")
 
@@ -155,7 +171,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key, value in pairs:
         if key in found:
-            raise ValueError(f"the key {label(key)} appears twice in one object")
+            raise _RepeatedKey(f"the key {label(key)} appears twice in one object")
         found[key] = value
     return found
 
@@ -265,10 +281,12 @@ def read_file(path: str, limit: int) -> str:
     import stat
 
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO's open would wait for a writer
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # before open(): a directory's would raise
             raise ValueError("not a regular file")
-        data = f.read(limit + 1)
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise ValueError(f"larger than {limit} bytes")
     return data.decode("utf-8")

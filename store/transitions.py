@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, NamedTuple
 
-from sqlalchemy import Connection, delete, exc, select
+from sqlalchemy import Connection, delete, exc, or_, select
 from sqlalchemy.orm import Session
 
 from core import db, shapes, tracing, validate
@@ -274,7 +274,7 @@ def settle_run(
 
 def collect_garbage(s: Session, *, retention_seconds: float, batch: int, now: float) -> tuple[int, int]:
     """Delete one batch of terminal rows (with their child executions) and of old delivery records
-    (a terminal or deleted row's: one still live or in lease_failed keeps its own however old).
+    (a row still live or in lease_failed keeps its result and release records however old).
 
     The batch's row ids are read first so the children deleted are exactly those
     of the rows deleted (the foreign key refuses a row whose children remain).
@@ -295,9 +295,10 @@ def collect_garbage(s: Session, *, retention_seconds: float, batch: int, now: fl
     unsettled = select(A.id).where(
         A.id == Delivery.assignment_id, A.state.not_in([t.value for t in TERMINAL_STATES])
     )
-    old_deliveries = (  # a row not yet settled keeps its records: a replay of them is still answered
-        select(Delivery.delivery_id).where(Delivery.created_at < cutoff, ~unsettled.exists()).limit(batch)
-    )
+    # A row not yet settled keeps its result and release records, so a replay of them is still
+    # answered; its heartbeats' go by age (a heartbeat's replay is retried in seconds, not a week).
+    kept = or_(Delivery.kind == "heartbeat", ~unsettled.exists())
+    old_deliveries = select(Delivery.delivery_id).where(Delivery.created_at < cutoff, kept).limit(batch)
     deliveries = s.execute(
         delete(Delivery)
         .where(Delivery.delivery_id.in_(old_deliveries))

@@ -1,8 +1,8 @@
 """Collect garbage.
 
 Qualifies: ``finalized`` and ``stale`` rows (and only those) whose last change
-is older than the retention, delivery records older than it whose row is terminal
-or gone (a row not yet settled keeps its own, so a replay is still a duplicate), and
+is older than the retention, delivery records older than it (a row not yet settled
+keeps its result and release records, so their replay is still a duplicate), and
 audit events older than it (an event goes by its age, whatever its row's state).
 Does: deletes them in batches of ``gc_batch``, one short transaction each (so no
 transaction holds the write lock for long), until none is left or the sweep has

@@ -92,16 +92,25 @@ def test_the_server_secret_comes_from_the_environment_or_a_file(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     ("kind", "message"),
-    [("device", "not a regular file"), ("fifo", "not a regular file"), ("huge", "larger than 4096 bytes")],
+    [
+        ("device", "not a regular file"),
+        ("fifo", "not a regular file"),
+        ("directory", "not a regular file"),
+        ("huge", "larger than 4096 bytes"),
+    ],
 )
 def test_a_secret_file_is_read_bounded_never_without_end(tmp_path: Path, kind: str, message: str) -> None:
-    path = {"device": Path("/dev/zero"), "fifo": tmp_path / "fifo", "huge": tmp_path / "huge"}[kind]
+    path = {"device": Path("/dev/zero"), "fifo": tmp_path / "fifo", "directory": tmp_path}.get(kind)
+    path = path or tmp_path / "huge"
     if kind == "fifo":
         os.mkfifo(path)  # no writer: an open that waited for one would hang here
     elif kind == "huge":
         path.write_text(SECRET * 200)
-    with pytest.raises(SettingsError, match=f"^POOL_SERVER_SECRET_FILE: cannot read {path}: {message}$"):
-        Settings.from_env({"POOL_SERVER_SECRET_FILE": str(path)})
+    opened = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):  # and a refusal leaves no descriptor open
+        with pytest.raises(SettingsError, match=f"^POOL_SERVER_SECRET_FILE: cannot read {path}: {message}$"):
+            Settings.from_env({"POOL_SERVER_SECRET_FILE": str(path)})
+    assert len(os.listdir("/proc/self/fd")) < opened + 5
 
 
 @pytest.mark.parametrize(

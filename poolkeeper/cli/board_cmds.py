@@ -87,7 +87,8 @@ def _specs(path: str, lane: str) -> list[TaskSpec]:
     if len(text) > FROM_CHARS:
         raise InvalidInput("--from", f"cannot read {path}: larger than {FROM_CHARS} characters")
     specs = []
-    for n, line in enumerate(text.splitlines(), 1):
+    # "\n" only: splitlines() also cuts at U+2028, U+0085 and others, legal inside a JSON string
+    for n, line in enumerate((ln.removesuffix("\r") for ln in text.split("\n")), 1):
         if not line.strip():
             continue
         item = validate.loads(f"--from line {n}", line)

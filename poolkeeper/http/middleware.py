@@ -4,8 +4,10 @@ a span for each request that carries a trace context.
 ``BodyLimit`` refuses a declared ``Content-Length`` over the limit before reading
 a byte (413), reads a chunked body only up to the limit, and gives a client
 ``timeout`` seconds from the accept (``transport`` times the head) to send all of
-it (408). The body is read here, on the event
-loop, so a slow sender holds its own connection and no worker thread.
+it (408). A JSON body that repeats a key in one object is refused (422): the
+framework's parser would keep the last one, so the text would not mean one thing.
+The body is read here, on the event loop, so a slow sender holds its own
+connection and no worker thread.
 
 ``LoopbackHost`` guards a ``--local-only`` server, which asks no one for a
 token: a request whose ``Host`` header is not a loopback name or address is
@@ -25,13 +27,13 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core import tracing
+from core import tracing, validate
 
 STARTED = "poolkeeper.request_started"  # set by ``transport.GuardedH11``: when the request's head began
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
-async def reply(send: Send, status: int, error: str, detail: str, *, retry_after: int | None = None) -> None:
+async def reply(send: Send, status: int, error: str, detail: Any, *, retry_after: int | None = None) -> None:
     body = json.dumps({"error": error, "detail": detail}).encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -82,6 +84,11 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body: bytes | None = b"".join(chunks)
+        if body and (twice := _repeated_key(scope, body)):  # the framework would keep the last one
+            await reply(
+                send, 422, "ValidationError", [{"loc": ["body"], "msg": twice, "type": "json_invalid"}]
+            )
+            return
 
         async def replay() -> Message:
             nonlocal body
@@ -91,6 +98,12 @@ class BodyLimit:
             return await receive()  # after the body: wait for the disconnect, as the server would
 
         await self.app(scope, replay, send)
+
+
+def _repeated_key(scope: Scope, body: bytes) -> str | None:
+    """A JSON body that repeats a key does not mean one thing: the sentence saying so, else None."""
+    sent = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
+    return validate.repeated_key(body) if sent == b"application/json" else None
 
 
 class RequestMetrics:

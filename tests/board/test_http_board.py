@@ -113,6 +113,48 @@ def test_a_retried_claim_gets_the_same_claims_even_from_a_restarted_server(
     assert [c.task_id for c in again.claim_ready(2, assignee="pool", lane="pool")] == ["t2", "t3"]
 
 
+class LosesTheFirstAnswer(httpx.HTTPTransport):
+    """The first POST reaches the server and is done there; its answer never comes back."""
+
+    lost = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.method == "POST" and not self.lost:
+            self.lost += 1
+            response.close()
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return response
+
+
+def test_an_add_whose_answer_was_lost_is_added_once_and_said_so(
+    inner: Board, served: Callable[[Board], BoardServer]
+) -> None:
+    lossy = LosesTheFirstAnswer()
+    client = HttpBoard(served(inner).url, token=TOKEN, transport=lossy, sleep=lambda _: None)
+    task_id = client.add_task("b", "deploy", "step 1")  # the retry finds the first try's task
+    assert lossy.lost == 1 and [(t.id, t.title) for t in inner.list_tasks("b")] == [(task_id, "deploy")]
+    inner.add_task("b", "someone else's", task_id="mine")  # a caller's own id may be anyone's:
+    lossy.lost = 0
+    with pytest.raises(InvalidInput, match="b/mine already exists"):
+        client.add_task("b", "someone else's", task_id="mine")
+
+
+def test_the_board_api_refuses_an_archived_board_s_task_and_a_body_that_repeats_a_key(
+    inner: Board, served: Callable[[Board], BoardServer]
+) -> None:
+    inner.add_task("old", "done long ago", task_id="t1")
+    inner.archive_board("old")
+    url, auth = served(inner).url, {"authorization": f"Bearer {TOKEN}"}
+    archived = httpx.post(f"{url}/v1/boards/old/tasks", json={"title": "late"}, headers=auth)
+    assert archived.status_code == 422 and "old is archived" in archived.text, archived.text
+    twice = b'{"title": "t", "body": "{\\"a\\": 1}", "body": "plain"}'
+    headers = {**auth, "content-type": "application/json"}
+    repeated = httpx.post(f"{url}/v1/boards/b/tasks", content=twice, headers=headers)
+    assert repeated.status_code == 422 and "the key body appears twice" in repeated.text, repeated.text
+    assert [t.id for t in inner.list_tasks()] == ["t1"]
+
+
 def _answering(handler: Callable[[httpx.Request], httpx.Response]) -> HttpBoard:
     return HttpBoard(
         "http://board.test", token=TOKEN, transport=httpx.MockTransport(handler), sleep=lambda _: None

@@ -161,11 +161,14 @@ def test_rows_search_finds_rows_by_task_or_error_as_the_console_does(tmp_path: P
 
 def test_board_add_from_json_lines_adds_every_task_or_none(tmp_path: Path) -> None:
     ok(tmp_path, "init")
-    tasks = [{"title": "a", "id": "ta"}, {"title": "b", "body": "x"}, {"title": "c"}]
-    done = poolctl(tmp_path, "board", "add", "b1", "--from", "-", stdin="\n".join(map(json.dumps, tasks)))
+    # U+2028 and U+0085 are legal raw inside a JSON string: a line ends at "\n" only
+    tasks = [{"title": "a", "id": "ta"}, {"title": "b", "body": "x\u2028y"}, {"title": "c\x85d"}]
+    lines = "\r\n".join(json.dumps(t, ensure_ascii=False) for t in tasks)
+    done = poolctl(tmp_path, "board", "add", "b1", "--from", "-", stdin=lines)
     assert done.returncode == 0, done.stderr
     ids = done.stdout.split()
     assert len(ids) == 3 and ids[0] == "ta"
+    assert {t["title"] for t in as_json(tmp_path, "board", "list", "b1")} == {"a", "b", "c\x85d"}
     assert {t["id"] for t in as_json(tmp_path, "board", "list", "b1")} == set(ids)
     # A bad line refuses the whole file, naming its line; nothing of it is added
     for bad, says in [

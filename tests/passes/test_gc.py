@@ -40,16 +40,12 @@ def deliveries(store: PoolStore) -> set[str]:
         return set(s.scalars(select(Delivery.delivery_id)))
 
 
-def delivered(store: PoolStore, delivery_id: str, at: float, row_id: int = 1) -> None:
+def delivered(
+    store: PoolStore, delivery_id: str, at: float, row_id: int = 1, kind: str = "heartbeat"
+) -> None:
     with store.session() as s:
         s.add(
-            Delivery(
-                delivery_id=delivery_id,
-                assignment_id=row_id,
-                kind="heartbeat",
-                digest="0" * 64,
-                created_at=at,
-            )
+            Delivery(delivery_id=delivery_id, assignment_id=row_id, kind=kind, digest="0" * 64, created_at=at)
         )
 
 
@@ -97,15 +93,17 @@ def test_gc_deletes_delivery_records_one_unit_past_the_retention(plane: Plane) -
 def test_a_row_not_yet_settled_keeps_its_delivery_records_however_old(
     plane: Plane, make_row: RowFactory, state: RowState
 ) -> None:
-    """A run held past the retention (a board away for a week) still answers a replay as a duplicate."""
+    """A run held past the retention (a board away for a week) still answers a replay of its result
+    or release as a duplicate."""
     retention = plane.settings.retention_seconds
     now = NOW + 2 * retention
     live = make_row(state, ordinal=0, updated_at=now - retention - 1)
     done = make_row(RowState.FINALIZED, ordinal=1, updated_at=now)  # terminal but young: its records may go
-    delivered(plane.store, "live's", now - retention - 1, row_id=live)
-    delivered(plane.store, "done's", now - retention - 1, row_id=done)
-    assert gc.collect(plane, now) == gc.Collected(deliveries=1)
-    assert deliveries(plane.store) == {"live's"}
+    for kind in ("result", "release", "heartbeat"):
+        delivered(plane.store, f"live's {kind}", now - retention - 1, row_id=live, kind=kind)
+        delivered(plane.store, f"done's {kind}", now - retention - 1, row_id=done, kind=kind)
+    assert gc.collect(plane, now) == gc.Collected(deliveries=4)  # a heartbeat's replay is not a week late
+    assert deliveries(plane.store) == {"live's result", "live's release"}
 
 
 def test_each_gc_statement_deletes_one_batch_at_most(plane: Plane, make_row: RowFactory) -> None:

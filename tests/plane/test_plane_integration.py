@@ -325,6 +325,8 @@ def test_worker_exports_prometheus_metrics(env: PlaneEnv) -> None:
                 (got := scrape())
                 and 'poolkeeper_rows{state="finalized"} 5.0' in got
                 and all(c in got for c in counted)
+                and "poolkeeper_redis_up 1.0" in got  # beat alive: a scan within its last ticks, which a
+                and "poolkeeper_beat_alive 1.0" in got  # loaded machine may have let lapse a moment
                 and got
             ),
             30,
@@ -338,7 +340,6 @@ def test_worker_exports_prometheus_metrics(env: PlaneEnv) -> None:
     assert 'poolkeeper_ordinals{state="free"} 4.0' in body
     assert 'poolkeeper_ordinals{state="quarantined"} 0.0' in body
     assert "poolkeeper_expiry_to_reoffer_seconds_bucket" in body
-    assert "poolkeeper_redis_up 1.0" in body and "poolkeeper_beat_alive 1.0" in body
     assert 'poolkeeper_last_scan_timestamp_seconds{pass_name="materialize"}' in body
     assert "poolkeeper_queue_depth " in body and "poolkeeper_audit_events_written " in body
     labels = set(re.findall(r'poolkeeper_pass_outcomes_total\{outcome="([^"]*)",pass_name="([^"]*)"\}', body))
