@@ -102,7 +102,8 @@ class BodyLimit:
 
 def _repeated_key(scope: Scope, body: bytes) -> str | None:
     """A JSON body that repeats a key does not mean one thing: the sentence saying so, else None."""
-    sent = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
+    first = next((v for k, v in scope["headers"] if k == b"content-type"), b"")  # the one the route reads
+    sent = first.split(b";")[0].strip().lower()
     return validate.repeated_key(body) if sent == b"application/json" else None
 
 

@@ -193,6 +193,22 @@ def test_a_heartbeat_repeating_a_header_the_lane_reads_is_answered_by_the_route(
         assert s.scalar(text("SELECT count(*) FROM deliveries WHERE delivery_id = 'hb-twice'")) == 0
 
 
+def test_a_body_repeating_a_key_is_refused_whatever_header_comes_after(served: Served) -> None:
+    """The route would keep the last of a repeated key: a body that does not mean one thing is 422."""
+    _, grant = taken(served)
+    envelope = json.dumps(grant.envelope("hb-repeated"))
+    body = envelope[:-1] + ', "delivery_id": "hb-other"}'
+    bearer = ("Authorization", f"Bearer {tokens.ordinal_token(SECRET, 0)}")
+    for headers in (
+        [bearer, ("Content-Type", "application/json")],
+        [bearer, ("Content-Type", "application/json"), ("Content-Type", "text/plain")],
+    ):
+        got = httpx.post(f"{served.url}/v1/heartbeat", content=body, headers=headers, timeout=30)
+        assert got.status_code == 422 and "the key delivery_id appears twice" in got.text, got.text
+    with served.store.session(readonly=True) as s:
+        assert s.scalar(text("SELECT count(*) FROM deliveries WHERE delivery_id LIKE 'hb-%'")) == 0
+
+
 # --- child executions -----------------------------------------------------------------
 
 
