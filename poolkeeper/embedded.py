@@ -21,6 +21,8 @@ from pathlib import Path
 
 import redis
 
+from core.errors import TransientError
+
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: PYTHONPATH for child processes
 
 
@@ -102,6 +104,9 @@ def _pings(client: redis.Redis) -> bool:
         return False
 
 
+TRANSIENT_EXIT = TransientError.exit_code  # a refusal worth waiting for (EX_TEMPFAIL)
+
+
 class CeleryProc:
     """One ``celery -A tasks worker`` or ``beat`` process, logging to a file."""
 
@@ -129,14 +134,16 @@ class CeleryProc:
             ]
         else:
             args += ["-s", str(workdir / f"{name}-schedule")]
-        self.proc = subprocess.Popen(
-            args + (extra or []),
-            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-            cwd=str(workdir),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
+        self._argv, self._cwd = args + (extra or []), str(workdir)
+        self._env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        self.starts = getattr(self, "starts", 0) + 1
+        return subprocess.Popen(
+            self._argv, env=self._env, cwd=self._cwd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
             start_new_session=True,
-        )
+        )  # fmt: skip
 
     def wait_ready(self, timeout: float = 60) -> CeleryProc:
         marker = "ready." if self.kind == "worker" else "Starting..."
@@ -144,8 +151,13 @@ class CeleryProc:
         return self
 
     def _died(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.text()[-3000:]}")
+        """Whether it died starting: a refusal worth waiting for (exit 75: the store or the board
+        busy, as under load) is started again, as its supervisor would; any other is an error."""
+        code = self.proc.poll()
+        if code == TRANSIENT_EXIT:
+            self.proc = self._spawn()
+        elif code is not None:
+            raise AssertionError(f"{self.name} exited with {code}:\n{self.text()[-3000:]}")
         return False
 
     def text(self) -> str:
