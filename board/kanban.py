@@ -42,7 +42,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Row
 
-from board.protocol import SEARCH_LIMIT, BoardTask, Claim, TaskSpec, TaskStatus, search_text
+from board.protocol import SEARCH_LIMIT, BoardTask, Claim, TaskSpec, TaskStatus, archived, search_text
 from board.schema import boards, claim_requests, metadata, runs, tasks
 from core import db, logs, shapes, validate
 from core.errors import InvalidInput, NotFound, TransientError, Unsupported
@@ -314,11 +314,11 @@ class KanbanBoard:
             new_board = dialect.insert(boards).values(name=board, created_at=now)
             conn.execute(new_board.on_conflict_do_nothing(index_elements=["name"]))
             there = select(T.id).where(T.board == board, T.id.in_(sorted(ids))).limit(1).scalar_subquery()
-            archived, taken = conn.execute(
+            is_archived, taken = conn.execute(
                 select(boards.c.archived, there).where(boards.c.name == board)
             ).one()
-            if archived:  # read in the add's own transaction: an archive cannot slip in between
-                raise InvalidInput("board", f"{board} is archived: the pool claims none of its tasks")
+            if is_archived:  # read in the add's own transaction: an archive cannot slip in between
+                raise archived(board)
             if taken is not None:
                 raise InvalidInput("task_id", f"{board}/{taken} already exists")
             conn.execute(insert(tasks), rows)

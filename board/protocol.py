@@ -167,14 +167,20 @@ def add_tasks(board: Board, name: str, specs: Sequence[TaskSpec]) -> list[str]:
     one transaction), else one ``add_task`` each (a backend need not have the bulk form).
 
     An archived board is refused (``InvalidInput``): the pool never claims from one, so its new
-    tasks would wait for ever while the operator believed them queued."""
-    if name in set(board.list_boards(include_archived=True)) - set(board.list_boards()):
-        raise InvalidInput("board", f"{name} is archived: the pool claims none of its tasks")
+    tasks would wait for ever while the operator believed them queued. The Kanban refuses in its
+    add's own transaction; for a backend without the bulk form it is asked here first."""
     bulk = getattr(board, "add_tasks", None)
     if bulk is not None:
         added: list[str] = bulk(name, specs)
         return added
+    if name in set(board.list_boards(include_archived=True)) - set(board.list_boards()):
+        raise archived(name)
     return [board.add_task(name, s.title, s.body, lane=s.lane, task_id=s.task_id) for s in specs]
+
+
+def archived(name: str) -> InvalidInput:
+    """The refusal of a task for an archived board."""
+    return InvalidInput("board", f"{name} is archived: the pool claims none of its tasks")
 
 
 class Searching(Protocol):

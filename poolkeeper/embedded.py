@@ -136,10 +136,11 @@ class CeleryProc:
             args += ["-s", str(workdir / f"{name}-schedule")]
         self._argv, self._cwd = args + (extra or []), str(workdir)
         self._env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        self.starts = 0  # how many times it was started (a refusal worth waiting for starts it again)
         self.proc = self._spawn()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        self.starts = getattr(self, "starts", 0) + 1
+        self.starts += 1
         return subprocess.Popen(
             self._argv, env=self._env, cwd=self._cwd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
             start_new_session=True,
